@@ -1,0 +1,46 @@
+# sluice: `make run` (set-up + end-to-end demo) and `make test` (set-up + the whole suite).
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+export SLUICE_HOME ?= $(CURDIR)/.sluice
+export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
+export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
+export TZ := UTC
+
+.PHONY: setup run test test-fast lint bench bench-smoke clean java-check
+
+java-check:
+	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
+	  echo "ERROR: Spark needs Java 17. Install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless)" \
+	       "or set JAVA_HOME, then re-run make."; exit 1; }
+
+# Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
+setup: java-check $(STAMP)
+$(STAMP): requirements.txt pyproject.toml
+	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "ERROR: $(PYTHON) not found; sluice needs Python 3.11"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -r requirements.txt
+	$(BIN)/pip install --quiet --no-deps -e .
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/sluice demo
+
+test: setup
+	$(BIN)/pytest -q
+
+test-fast: setup
+	$(BIN)/pytest -q -m "not slow"
+
+lint: setup
+	$(BIN)/ruff check include tests dags jobs plugins bench
+	$(BIN)/mypy
+
+bench: setup
+	$(BIN)/python bench/run.py
+
+clean:
+	rm -rf .sluice .pytest_cache .mypy_cache .ruff_cache

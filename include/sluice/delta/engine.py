@@ -1,0 +1,334 @@
+"""The Delta engine seam.
+
+Everything in sluice reads and writes Delta through :class:`DeltaEngine`. Two implementations exist:
+
+* :class:`RsDeltaEngine` (default): delta-rs owns the transaction log. Spark executors write Parquet into a
+  staging directory inside the table; the driver moves the files into place and commits them in one
+  Delta transaction with ``DeltaTable.create_write_transaction``. No JVM jars are needed, which is what
+  makes sluice run on machines that cannot reach Maven.
+* :class:`sluice.delta.native.NativeDeltaEngine`: the delta-spark connector, used wherever its jars are on
+  the classpath (the docker-compose images). Selected by ``SLUICE_DELTA_ENGINE=native`` or automatically.
+
+Exactly-once: every commit carries a Delta *app transaction* ``(app_id, version)``. A writer that is
+re-run for a version already committed (a retried micro-batch after a crash) finds
+``transaction_version(app_id) >= version`` and commits nothing. Files written by a crashed attempt sit
+unreferenced in the table directory: invisible to every Delta reader, and removed by VACUUM.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.transaction import AddAction, RemoveAction
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.types import StructType
+
+log = logging.getLogger(__name__)
+
+PartitionValues = Mapping[str, Any]
+PartitionPredicate = Callable[[PartitionValues], bool]
+
+
+class DeltaEngine(Protocol):
+    """What sluice needs from a Delta implementation. Paths are table roots (local paths or URIs)."""
+
+    spark: SparkSession
+
+    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+        """Create the table (empty, version 0) if it does not exist yet."""
+
+    def committed_version(self, path: Path, app_id: str) -> int | None:
+        """The last app-transaction version committed by ``app_id`` (None if never)."""
+
+    def append(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Append ``df`` in one commit, idempotently. Returns False when that version was already there."""
+
+    def replace(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        keep: Callable[[DataFrame], DataFrame],
+        files: PartitionPredicate | None = None,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Atomically replace part of a table in one commit.
+
+        The files chosen by ``files`` (a predicate on partition values; all files when None) are removed.
+        The rows of those files that ``keep`` retains are rewritten together with ``df``. Readers see
+        either the old or the new table, never a mix.
+        """
+
+    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
+        """A batch snapshot of the table, pruned to the partitions ``files`` accepts."""
+
+    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+        """A streaming read: offsets are Delta versions; works with ``trigger(availableNow=True)``."""
+
+    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
+        """Custom commit metadata of the newest ``limit`` commits, newest first."""
+
+
+def arrow_schema(schema: StructType) -> Any:
+    return to_arrow_schema(schema, timezone="UTC")
+
+
+def spark_schema(table: DeltaTable) -> StructType:
+    """The table's schema as Spark sees it (timestamps as UTC TimestampType, not NTZ)."""
+    return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
+
+
+def _stats_for(file: Path) -> str:
+    # numRecords lets Delta readers (and our own status) count rows without opening files.
+    meta = pq.read_metadata(file)
+    return json.dumps({"numRecords": meta.num_rows})
+
+
+class RsDeltaEngine:
+    """Spark computes and writes Parquet; delta-rs commits the log. See the module docstring."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+
+    # -- tables -------------------------------------------------------------------------------------
+    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+        if DeltaTable.is_deltatable(str(path)):
+            return
+        path.mkdir(parents=True, exist_ok=True)
+        DeltaTable.create(
+            str(path),
+            arrow_schema(schema),
+            mode="ignore",
+            partition_by=list(partition_by) or None,
+            name=path.name,
+        )
+
+    def _table(self, path: Path) -> DeltaTable:
+        return DeltaTable(str(path))
+
+    def committed_version(self, path: Path, app_id: str) -> int | None:
+        return self._table(path).transaction_version(app_id)
+
+    def schema(self, path: Path) -> StructType:
+        return spark_schema(self._table(path))
+
+    # -- writes -------------------------------------------------------------------------------------
+    def _stage(self, df: DataFrame, path: Path, table: DeltaTable) -> list[AddAction]:
+        """Executors write Parquet under ``_staging/<uuid>``; the driver moves the files into the table
+        layout (hive-style partition directories) and describes them as add actions. Nothing is visible
+        to readers until the commit."""
+        partition_by = table.metadata().partition_columns
+        staging = path / "_staging" / uuid.uuid4().hex
+        writer = df.write.mode("overwrite")
+        if partition_by:
+            writer = writer.partitionBy(*partition_by)
+        writer.parquet(str(staging))
+        actions: list[AddAction] = []
+        now_ms = int(time.time() * 1000)
+        for root, _dirs, names in os.walk(staging):
+            for name in sorted(names):
+                if not name.endswith(".parquet"):
+                    continue
+                src = Path(root) / name
+                rel = src.relative_to(staging)
+                dest = path / rel
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                os.replace(src, dest)
+                values = _partition_values(rel, partition_by)
+                actions.append(
+                    AddAction(
+                        path=rel.as_posix(),
+                        size=dest.stat().st_size,
+                        partition_values=values,
+                        modification_time=now_ms,
+                        data_change=True,
+                        stats=_stats_for(dest),
+                    )
+                )
+        shutil.rmtree(staging, ignore_errors=True)
+        return actions
+
+    def _commit(
+        self,
+        table: DeltaTable,
+        actions: list[AddAction | RemoveAction],
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None,
+    ) -> None:
+        custom = {"sluice": json.dumps(dict(metadata or {}), default=str, sort_keys=True)}
+        table.create_write_transaction(
+            actions,
+            mode="append",
+            schema=table.schema(),
+            partition_by=table.metadata().partition_columns or None,
+            commit_properties=CommitProperties(
+                custom_metadata=custom, app_transactions=[Transaction(app_id, version)]
+            ),
+        )
+
+    def _already(self, table: DeltaTable, app_id: str, version: int, path: Path) -> bool:
+        done = table.transaction_version(app_id)
+        if done is not None and done >= version:
+            log.info("skip %s: %s version %s already committed (last %s)", path.name, app_id, version, done)
+            return True
+        return False
+
+    def append(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        table = self._table(path)
+        if self._already(table, app_id, version, path):
+            return False
+        actions: list[AddAction | RemoveAction] = list(self._stage(df, path, table))
+        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
+        return True
+
+    def replace(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        keep: Callable[[DataFrame], DataFrame],
+        files: PartitionPredicate | None = None,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        table = self._table(path)
+        if self._already(table, app_id, version, path):
+            return False
+        victims = self._files(table, files)
+        kept = keep(self._read_files(path, table, victims))
+        # Materialise before the victims disappear from the log (the files stay on disk until VACUUM,
+        # so this is about a consistent plan, not about data loss).
+        rewritten = kept.unionByName(df.select(*kept.columns)) if victims else df
+        adds = self._stage(rewritten, path, table)
+        now_ms = int(time.time() * 1000)
+        removes = [
+            RemoveAction(
+                path=rel,
+                data_change=True,
+                deletion_timestamp=now_ms,
+                size=size,
+                partition_values={k: None if v is None else str(v) for k, v in values.items()},
+            )
+            for rel, values, size in victims
+        ]
+        self._commit(table, [*removes, *adds], app_id=app_id, version=version, metadata=metadata)
+        return True
+
+    # -- reads --------------------------------------------------------------------------------------
+    @staticmethod
+    def _files(table: DeltaTable, files: PartitionPredicate | None) -> list[tuple[str, dict[str, Any], int]]:
+        adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
+        chosen = []
+        for add in adds:
+            # delta-rs hands partition values back typed (date, int); predicates see them that way.
+            values = dict(add.get("partition") or {})
+            if files is None or files(values):
+                chosen.append((add["path"], values, int(add["size_bytes"])))
+        return sorted(chosen, key=lambda item: item[0])
+
+    def _read_files(
+        self, path: Path, table: DeltaTable, chosen: list[tuple[str, dict[str, Any], int]]
+    ) -> DataFrame:
+        schema = spark_schema(table)
+        if not chosen:
+            return self.spark.createDataFrame([], schema)
+        uris = [str(path / rel) for rel, _values, _size in chosen]
+        # basePath makes Spark recover partition columns from the hive-style directories; the explicit
+        # schema fixes their types (date, int) instead of letting Spark infer them.
+        return self.spark.read.schema(schema).option("basePath", str(path)).parquet(*uris).select(*schema.names)
+
+    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
+        table = self._table(path)
+        return self._read_files(path, table, self._files(table, files))
+
+    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+        from sluice.delta.stream_source import register
+
+        register(self.spark)
+        reader = self.spark.readStream.format("sluice_delta").option("path", str(path))
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+        return reader.load()
+
+    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
+        out = []
+        for entry in self._table(path).history(limit):
+            raw = entry.get("sluice")
+            if raw:
+                out.append(json.loads(raw))
+        return out
+
+
+def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str | None]:
+    from urllib.parse import unquote
+
+    values: dict[str, str | None] = {}
+    for part in rel.parts[:-1]:
+        key, _, value = part.partition("=")
+        if key in partition_by:
+            # Spark writes nulls as this sentinel directory name.
+            values[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else unquote(value)
+    for key in partition_by:
+        values.setdefault(key, None)
+    return values
+
+
+def get_engine(spark: SparkSession) -> DeltaEngine:
+    """Pick the engine: ``SLUICE_DELTA_ENGINE`` = ``rs`` | ``native`` | ``auto`` (default).
+
+    ``auto`` uses the native delta-spark connector when its classes are on the JVM classpath (the
+    docker-compose Spark image) and delta-rs otherwise.
+    """
+    choice = os.environ.get("SLUICE_DELTA_ENGINE", "auto").lower()
+    if choice not in {"rs", "native", "auto"}:
+        raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native, auto")
+    if choice == "native" or (choice == "auto" and _native_available(spark)):
+        from sluice.delta.native import NativeDeltaEngine
+
+        return NativeDeltaEngine(spark)
+    return RsDeltaEngine(spark)
+
+
+def _native_available(spark: SparkSession) -> bool:
+    jvm = getattr(spark.sparkContext, "_jvm", None)
+    if jvm is None:
+        return False
+    try:
+        jvm.java.lang.Class.forName("io.delta.sql.DeltaSparkSessionExtension")
+    except Exception:
+        return False
+    extensions = spark.conf.get("spark.sql.extensions", "") or ""
+    return "DeltaSparkSessionExtension" in extensions

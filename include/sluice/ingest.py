@@ -1,0 +1,605 @@
+"""Ingest: landing JSON Lines -> bronze, quarantine, dlq and ops/ingest_batches (SPEC sections 2-3).
+
+One Structured Streaming query per stream reads ``landing/<stream>/`` as text with
+``trigger(availableNow=True)``; each Spark micro-batch is handed to :meth:`StreamIngest.process_batch`.
+
+What a *micro-batch* means here. Spark may group many files into one trigger (``max_files_per_trigger``)
+for throughput, but the time semantics are applied per landing file, in arrival order (file mtime, then
+path) - exactly what Spark's own rule gives with one file per trigger. So results never depend on how
+files were grouped into triggers, and every file gets its own row in ``ops/ingest_batches`` with its own
+``batch_id`` (a per-stream sequence shared with heartbeats).
+
+Every line ends up in exactly one place:
+
+* ``quarantine`` with a reason (``malformed_json``, ``missing_field``, ``bad_timestamp``, ``early``),
+* the duplicate count (an id already accepted or dead-lettered, or an earlier copy in the same batch),
+* ``dlq`` with the watermark it missed (``event_time < watermark``),
+* ``bronze`` (accepted).
+
+Exactly once: for each Spark batch the ops rows are committed first (they are the intent log that pins
+the batch ids), then bronze, quarantine and dlq, each with the Delta app transaction
+``(sluice.ingest.<stream>, last batch id)``. A batch re-run after a crash reuses its batch ids and every
+table that already has the commit skips it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark import StorageLevel
+from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from sluice import tables
+from sluice.config import Settings, StreamSpec
+from sluice.delta.engine import DeltaEngine
+
+log = logging.getLogger("sluice.ingest")
+
+# RFC 3339 date-time: a 'T' (or space) separator, optional fraction, and a mandatory zone (Z or +hh:mm).
+# Spark's cast alone would also accept zoneless strings and read them in the session zone.
+RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
+HEARTBEAT_PREFIX = "__heartbeat__"
+
+
+def app_id(stream: str) -> str:
+    return f"sluice.ingest.{stream}"
+
+
+@dataclass
+class BatchRow:
+    """One row of ops/ingest_batches (a landing file or a heartbeat)."""
+
+    stream: str
+    batch_id: int
+    lines: int = 0
+    accepted: int = 0
+    quarantined: int = 0
+    late: int = 0
+    duplicates: int = 0
+    watermark_before: datetime | None = None
+    watermark_after: datetime | None = None
+    max_event_time: datetime | None = None
+    max_arrival_time: datetime | None = None
+    source_file: str | None = None
+    is_heartbeat: bool = False
+    spark_batch_id: int | None = None
+    query_id: str | None = None
+
+
+@dataclass
+class StreamState:
+    """What earlier batches of a stream left behind, derived from its ops/ingest_batches rows."""
+
+    rows: list[BatchRow] = field(default_factory=list)
+
+    def before(self, batch_id: int) -> StreamState:
+        return StreamState([r for r in self.rows if r.batch_id < batch_id])
+
+    @property
+    def last_batch_id(self) -> int:
+        return max((r.batch_id for r in self.rows), default=-1)
+
+    @property
+    def watermark(self) -> datetime | None:
+        # The watermark never moves backwards: it is the max over every batch ever committed.
+        return max((r.watermark_after for r in self.rows if r.watermark_after), default=None)
+
+    @property
+    def max_event_time(self) -> datetime | None:
+        return max((r.max_event_time for r in self.rows if r.max_event_time), default=None)
+
+    @property
+    def last_arrival(self) -> datetime | None:
+        return max((r.max_arrival_time for r in self.rows if r.max_arrival_time), default=None)
+
+    def totals(self) -> dict[str, int]:
+        keys = ("lines", "accepted", "quarantined", "late", "duplicates")
+        return {k: sum(getattr(r, k) for r in self.rows) for k in keys}
+
+
+def load_state(settings: Settings, stream: str) -> StreamState:
+    """Read the stream's ops rows. ops/ingest_batches is metadata-sized (one row per file), so it is read
+    on the driver directly with delta-rs rather than through a Spark job."""
+    path = tables.INGEST_BATCHES.path(settings)
+    if not DeltaTable.is_deltatable(str(path)):
+        return StreamState()
+    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    table = dataset.to_table(filter=pc.field("stream") == stream)
+    names = {f.name for f in tables.INGEST_BATCHES.schema.fields}
+    rows = [BatchRow(**{k: v for k, v in r.items() if k in names}) for r in table.to_pylist()]
+    return StreamState(sorted(rows, key=lambda r: r.batch_id))
+
+
+def utc(value: datetime | None) -> datetime | None:
+    """Spark's collect() returns naive datetimes in the local zone; make them aware UTC."""
+    if value is None:
+        return None
+    # astimezone() reads a naive value as local time, which is exactly what Spark produced.
+    return value.astimezone(UTC)
+
+
+def _max(a: datetime | None, b: datetime | None) -> datetime | None:
+    if a is None:
+        return b
+    if b is None:
+        return a
+    return max(a, b)
+
+
+# --------------------------------------------------------------------------------------------------
+# Transforms: small DataFrame -> DataFrame steps, shared by tests and the job.
+# --------------------------------------------------------------------------------------------------
+def parse_lines(spec: StreamSpec) -> Any:
+    """Parse ``raw`` JSON into the stream's fields (all as strings first) and flag malformed lines."""
+    json_schema = StructType(
+        [StructField(f, StringType(), True) for f in spec.fields]
+        + [StructField("_corrupt_record", StringType(), True)]
+    )
+
+    def transform(df: DataFrame) -> DataFrame:
+        parsed = F.from_json(
+            "raw", json_schema, {"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"}
+        )
+        df = df.withColumn("_json", parsed)
+        # A line is JSON we can use only if it is an object: from_json yields null for blank lines and
+        # fills _corrupt_record for anything else (arrays, scalars, truncated objects, plain text).
+        malformed = F.col("_json").isNull() | F.col("_json._corrupt_record").isNotNull()
+        return df.select(
+            "*",
+            *[F.col(f"_json.{f}").alias(f"_s_{f}") for f in spec.fields],
+            malformed.alias("_malformed"),
+        ).drop("_json")
+
+    return transform
+
+
+def classify_invalid(spec: StreamSpec) -> Any:
+    """Assign quarantine reasons (malformed_json, missing_field, bad_timestamp, early), in that order."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        missing = [F.when(F.trim(F.col(f"_s_{f}")) == "", None).otherwise(F.col(f"_s_{f}")).isNull()
+                   for f in spec.required]
+        missing_names = F.concat_ws(
+            ",", *[F.when(m, F.lit(f)) for m, f in zip(missing, spec.required, strict=True)]
+        )
+        raw_ts = F.trim(F.col("_s_event_time"))
+        event_time = F.when(raw_ts.rlike(RFC3339), F.try_to_timestamp(raw_ts))
+        any_missing = F.lit(False)
+        for m in missing:
+            any_missing = any_missing | m
+        early_bound = F.col("arrival_time") + F.expr(
+            f"make_dt_interval(0, 0, 0, {spec.early_tolerance.total_seconds()})"
+        )
+        reason = (
+            F.when(F.col("_malformed"), "malformed_json")
+            .when(any_missing, "missing_field")
+            .when(event_time.isNull(), "bad_timestamp")
+            .when(event_time > early_bound, "early")
+        )
+        detail = (
+            F.when(F.col("_malformed"), None)
+            .when(any_missing, F.concat(F.lit("missing: "), missing_names))
+            .when(event_time.isNull(), F.concat(F.lit("event_time: "), F.coalesce(raw_ts, F.lit("<null>"))))
+            .when(event_time > early_bound, F.concat(F.lit("arrival_time + "),
+                                                     F.lit(str(spec.early_tolerance)), F.lit(" exceeded")))
+        )
+        return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
+
+    return transform
+
+
+def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
+    """A valid record is a duplicate when its id was already accepted or dead-lettered (``seen_ids``), or
+    an earlier copy exists in this batch (earlier file in arrival order; ties broken by the raw line so
+    the choice is deterministic)."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        id_col = f"_s_{spec.id_field}"
+        candidate = F.col("reason").isNull()
+        order = Window.partitionBy(id_col).orderBy("_file_seq", "raw")
+        ranked = df.withColumn("_rank", F.when(candidate, F.row_number().over(order)))
+        seen = seen_ids.select(F.col("id").alias("_seen_id")).distinct().withColumn("_seen", F.lit(True))
+        joined = ranked.join(seen, ranked[id_col] == seen["_seen_id"], "left").drop("_seen_id")
+        is_dup = candidate & ((F.col("_rank") > 1) | F.col("_seen").isNotNull())
+        return joined.withColumn("_duplicate", F.coalesce(is_dup, F.lit(False))).drop("_rank", "_seen")
+
+    return transform
+
+
+def file_watermarks(
+    per_file_max: Sequence[tuple[int, datetime | None]], start: datetime | None, delay: timedelta
+) -> dict[int, tuple[datetime | None, datetime | None]]:
+    """Spark's watermark rule applied file by file: a file is judged against the max event time accepted
+    in *earlier* files (minus the delay), and the watermark never moves backwards.
+
+    Late records cannot raise the max (they are below a watermark that is already <= the max), so the
+    max over all non-duplicate valid records of a file equals the max over its accepted ones; that is
+    what lets this run without first knowing which records are late."""
+    out: dict[int, tuple[datetime | None, datetime | None]] = {}
+    watermark = start
+    for seq, max_event in sorted(per_file_max, key=lambda item: item[0]):
+        before = watermark
+        if max_event is not None:
+            watermark = _max(watermark, max_event - delay)
+        out[seq] = (before, watermark)
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+class StreamIngest:
+    """Runs one availableNow ingest query for one stream and the heartbeat after it."""
+
+    def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, spec: StreamSpec):
+        self.spark = spark
+        self.settings = settings
+        self.engine = engine
+        self.spec = spec
+        self.bronze = tables.bronze(spec)
+        self.quarantine = tables.quarantine(spec)
+        self.dlq = tables.dlq(spec)
+        self.checkpoint = settings.checkpoints / "ingest" / spec.name
+        self.reports: list[BatchRow] = []
+
+    # -- setup --------------------------------------------------------------------------------------
+    def ensure_tables(self) -> None:
+        for table in (tables.INGEST_BATCHES, self.bronze, self.quarantine, self.dlq):
+            self.engine.ensure_table(table.path(self.settings), table.schema, table.partition_by)
+
+    def query_id(self) -> str:
+        """Identifies the checkpoint lineage, so that Spark batch ids of a new checkpoint (which restart at
+        0) are never mistaken for those of an old one."""
+        marker = self.checkpoint / "sluice_query_id"
+        if not marker.exists():
+            self.checkpoint.mkdir(parents=True, exist_ok=True)
+            marker.write_text(uuid.uuid4().hex)
+        return marker.read_text().strip()
+
+    # -- the cycle ----------------------------------------------------------------------------------
+    def run(self) -> list[BatchRow]:
+        self.ensure_tables()
+        self.reconcile_heartbeats()
+        landing = self.settings.landing_dir(self.spec.name)
+        if landing.is_dir():
+            self._run_query(landing)
+        else:
+            log.info("%s: landing directory %s does not exist yet; stream is idle", self.spec.name, landing)
+        self.maybe_heartbeat()
+        return self.reports
+
+    def _run_query(self, landing: Path) -> None:
+        self._query_id = self.query_id()
+        stream = (
+            self.spark.readStream.format("text")
+            .option("pathGlobFilter", LANDING_GLOB)
+            .option("maxFilesPerTrigger", str(self.settings.max_files_per_trigger))
+            .load(str(landing))
+            .select(
+                F.col("value").alias("raw"),
+                F.col("_metadata.file_path").alias("source_file"),
+                F.col("_metadata.file_modification_time").alias("arrival_time"),
+            )
+        )
+        query = (
+            stream.writeStream.queryName(f"sluice_ingest_{self.spec.name}")
+            .option("checkpointLocation", str(self.checkpoint))
+            .trigger(availableNow=True)
+            .foreachBatch(self.process_batch)
+            .start()
+        )
+        query.awaitTermination()
+
+    # -- one Spark micro-batch ------------------------------------------------------------------------
+    def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
+        spec = self.spec
+        state = load_state(self.settings, spec.name)
+        files = sorted(
+            (utc(r["arrival_time"]), r["source_file"])
+            for r in df.select("arrival_time", "source_file").distinct().collect()
+        )
+        if not files:
+            return
+        existing = sorted(
+            (r for r in state.rows if r.spark_batch_id == spark_batch_id and r.query_id == self._query_id),
+            key=lambda r: r.batch_id,
+        )
+        if existing:
+            # A retry of a batch whose ops rows were committed: reuse exactly the same batch ids.
+            by_file = {r.source_file: r.batch_id for r in existing}
+            first_id = min(by_file.values())
+            seq = {path: by_file[path] for _arrival, path in files}
+        else:
+            first_id = state.last_batch_id + 1
+            seq = {path: first_id + i for i, (_arrival, path) in enumerate(files)}
+        prior = state.before(first_id)
+        last_id = max(seq.values())
+
+        seq_df = self.spark.createDataFrame(list(seq.items()), "source_file string, _file_seq long")
+        parsed = (
+            df.join(F.broadcast(seq_df), "source_file")
+            .transform(parse_lines(spec))
+            .transform(classify_invalid(spec))
+            .transform(mark_duplicates(spec, self._seen_ids(prior, first_id)))
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._finish_batch(parsed, files, seq, prior, spark_batch_id, first_id, last_id)
+        finally:
+            parsed.unpersist()
+
+    def _finish_batch(
+        self,
+        parsed: DataFrame,
+        files: list[tuple[datetime, str]],
+        seq: dict[str, int],
+        prior: StreamState,
+        spark_batch_id: int,
+        first_id: int,
+        last_id: int,
+    ) -> None:
+        spec = self.spec
+        candidate = F.col("reason").isNull() & ~F.col("_duplicate")
+        per_file = {
+            r["_file_seq"]: r
+            for r in parsed.groupBy("_file_seq")
+            .agg(
+                F.count(F.lit(1)).alias("lines"),
+                F.max(F.when(candidate, F.col("event_time"))).alias("max_event"),
+            )
+            .collect()
+        }
+        max_event = {s: utc(r["max_event"]) for s, r in per_file.items()}
+        marks = file_watermarks(
+            [(s, max_event.get(s)) for s in seq.values()],
+            prior.watermark,
+            spec.watermark_delay,
+        )
+        marks_df = self.spark.createDataFrame(
+            [(s, before) for s, (before, _after) in marks.items()], "_file_seq long, _wm_before timestamp"
+        )
+        status = (
+            F.when(F.col("reason").isNotNull(), "quarantined")
+            .when(F.col("_duplicate"), "duplicate")
+            .when(F.col("_wm_before").isNotNull() & (F.col("event_time") < F.col("_wm_before")), "late")
+            .otherwise("accepted")
+        )
+        final = (
+            parsed.join(F.broadcast(marks_df), "_file_seq").withColumn("_status", status)
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            counts = {
+                (r["_file_seq"], r["_status"]): r["n"]
+                for r in final.groupBy("_file_seq", "_status").agg(F.count(F.lit(1)).alias("n")).collect()
+            }
+            rows = []
+            for arrival, path in files:
+                s = seq[path]
+                before, after = marks[s]
+                row = BatchRow(
+                    stream=spec.name,
+                    batch_id=s,
+                    lines=per_file[s]["lines"] if s in per_file else 0,
+                    accepted=counts.get((s, "accepted"), 0),
+                    quarantined=counts.get((s, "quarantined"), 0),
+                    late=counts.get((s, "late"), 0),
+                    duplicates=counts.get((s, "duplicate"), 0),
+                    watermark_before=before,
+                    watermark_after=after,
+                    max_event_time=max_event.get(s),
+                    max_arrival_time=arrival,
+                    source_file=path,
+                    spark_batch_id=spark_batch_id,
+                    query_id=self._query_id,
+                )
+                rows.append(row)
+            self._commit(final, rows, first_id, last_id)
+        finally:
+            final.unpersist()
+
+    def _commit(self, final: DataFrame, rows: list[BatchRow], first_id: int, last_id: int) -> None:
+        spec = self.spec
+        meta = {
+            "stream": spec.name,
+            "batch_ids": [first_id, last_id],
+            "watermark_before": rows[0].watermark_before,
+            "watermark_after": rows[-1].watermark_after,
+            "spark_batch_id": rows[0].spark_batch_id,
+            "query_id": rows[0].query_id,
+        }
+        appid = app_id(spec.name)
+        # The ops rows go first: they pin the batch ids if the rest has to be retried.
+        self.engine.append(
+            self._ops_frame(rows), tables.INGEST_BATCHES.path(self.settings),
+            app_id=appid, version=last_id, metadata=meta,
+        )
+        payload = [F.col(f"_s_{f}").alias(f) if f != "event_time" else F.col("event_time")
+                   for f in spec.fields]
+        lineage = [F.col("arrival_time"), F.col("source_file"), F.col("_file_seq").alias("ingest_batch_id")]
+        accepted = final.filter(F.col("_status") == "accepted").select(
+            *payload, *lineage, F.lit(False).alias("is_heartbeat"),
+            F.to_date("event_time").alias("event_date"), F.hour("event_time").alias("event_hour"),
+        )
+        # One file per event hour, rows in id order: fewer files, and deterministic file content.
+        accepted = accepted.repartition("event_date", "event_hour").sortWithinPartitions(
+            spec.id_field, "ingest_batch_id"
+        )
+        quarantined = final.filter(F.col("_status") == "quarantined").select(
+            "raw", "source_file", "reason", "detail", "arrival_time",
+            F.col("_file_seq").alias("ingest_batch_id"),
+        ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
+        late = final.filter(F.col("_status") == "late").select(
+            *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
+        ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
+        totals = {k: sum(getattr(r, k) for r in rows) for k in ("accepted", "quarantined", "late")}
+        for table, frame, n in (
+            (self.bronze, accepted, totals["accepted"]),
+            (self.quarantine, quarantined, totals["quarantined"]),
+            (self.dlq, late, totals["late"]),
+        ):
+            if n:
+                self.engine.append(
+                    frame, table.path(self.settings), app_id=appid, version=last_id, metadata=meta
+                )
+        for row in rows:
+            self._report(row)
+
+    def _ops_frame(self, rows: Iterable[BatchRow]) -> DataFrame:
+        return self.spark.createDataFrame(
+            [tuple(asdict(r).values()) for r in rows], tables.INGEST_BATCHES.schema
+        ).coalesce(1)
+
+    def _seen_ids(self, prior: StreamState, first_id: int) -> DataFrame:
+        """Ids that were accepted or dead-lettered before this batch, within the dedup horizon.
+
+        The horizon (watermark - dedup_retention) is the memory bound of dedup: bronze is partitioned by
+        event hour, so only the hours inside the horizon are read."""
+        horizon = prior.watermark - self.settings.dedup_retention if prior.watermark else None
+
+        def in_horizon(values: dict[str, Any]) -> bool:
+            if horizon is None or values.get("event_date") is None:
+                return True
+            start = datetime.combine(values["event_date"], datetime.min.time(), horizon.tzinfo)
+            return start + timedelta(hours=int(values["event_hour"]) + 1) > horizon
+
+        id_field = self.spec.id_field
+        bronze = self.engine.read(self.bronze.path(self.settings), files=in_horizon)
+        dlq = self.engine.read(self.dlq.path(self.settings))
+        keep = F.col("ingest_batch_id") < first_id
+        if horizon is not None:
+            keep = keep & (F.col("event_time") >= F.lit(horizon))
+        return bronze.filter(keep & ~F.col("is_heartbeat")).select(F.col(id_field).alias("id")).unionByName(
+            dlq.filter(keep).select(F.col(id_field).alias("id"))
+        )
+
+    # -- heartbeats ---------------------------------------------------------------------------------
+    def maybe_heartbeat(self) -> None:
+        """SPEC 3: a stream is idle when now - latest arrival >= idle_timeout; it then gets a heartbeat at
+        event time now - idle_timeout, recorded after this cycle's files, which advances the watermark as
+        a record would. A heartbeat that would not move the watermark is pointless and is not stored."""
+        spec = self.spec
+        state = load_state(self.settings, spec.name)
+        now = self.settings.now()
+        last = state.last_arrival
+        if last is not None and now - last < spec.idle_timeout:
+            return
+        event_time = now - spec.idle_timeout
+        watermark = state.watermark
+        after = event_time - spec.watermark_delay
+        if watermark is not None and after <= watermark:
+            return
+        row = BatchRow(
+            stream=spec.name,
+            batch_id=state.last_batch_id + 1,
+            watermark_before=watermark,
+            watermark_after=_max(watermark, after),
+            max_event_time=event_time,
+            is_heartbeat=True,
+        )
+        self.engine.append(
+            self._ops_frame([row]), tables.INGEST_BATCHES.path(self.settings),
+            app_id=app_id(spec.name), version=row.batch_id, metadata=self._hb_meta(row),
+        )
+        self._write_heartbeat(row)
+        self._report(row)
+
+    def reconcile_heartbeats(self) -> None:
+        """Finish heartbeats whose ops row was committed but whose bronze row was not (a crash between the
+        two commits), before any new batch can take a higher version."""
+        state = load_state(self.settings, self.spec.name)
+        done = self.engine.committed_version(self.bronze.path(self.settings), app_id(self.spec.name))
+        for row in state.rows:
+            if row.is_heartbeat and (done is None or row.batch_id > done):
+                log.warning("%s: completing heartbeat batch %s after an interrupted cycle",
+                            self.spec.name, row.batch_id)
+                self._write_heartbeat(row)
+
+    def _hb_meta(self, row: BatchRow) -> dict[str, Any]:
+        return {
+            "stream": row.stream, "batch_ids": [row.batch_id, row.batch_id], "heartbeat": True,
+            "watermark_before": row.watermark_before, "watermark_after": row.watermark_after,
+        }
+
+    def _write_heartbeat(self, row: BatchRow) -> None:
+        spec = self.spec
+        assert row.max_event_time is not None
+        values: dict[str, Any] = {f: None for f in spec.fields}
+        # Non-null sentinel keys, distinct per stream and batch: a heartbeat must survive the not-null
+        # filters a join infers on its keys (or it would never move the join's watermark), yet never
+        # match a real record or another stream's heartbeat, and never look like a duplicate.
+        for f in spec.required:
+            values[f] = f"{HEARTBEAT_PREFIX}:{spec.name}"
+        values[spec.id_field] = f"{HEARTBEAT_PREFIX}:{spec.name}:{row.batch_id}"
+        values["event_time"] = row.max_event_time
+        record = (
+            *values.values(), self.settings.now(), None, row.batch_id, True,
+            row.max_event_time.date(), row.max_event_time.hour,
+        )
+        frame = self.spark.createDataFrame([record], self.bronze.schema)
+        self.engine.append(
+            frame, self.bronze.path(self.settings), app_id=app_id(spec.name),
+            version=row.batch_id, metadata=self._hb_meta(row),
+        )
+
+    def _report(self, row: BatchRow) -> None:
+        self.reports.append(row)
+        wm = lambda ts: ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "-"  # noqa: E731
+        if row.is_heartbeat:
+            log.info("ingest %-11s batch %4d heartbeat at %s  watermark %s -> %s", row.stream, row.batch_id,
+                     wm(row.max_event_time), wm(row.watermark_before), wm(row.watermark_after))
+        else:
+            log.info(
+                "ingest %-11s batch %4d %-28s lines=%d accepted=%d quarantined=%d late=%d duplicates=%d"
+                "  watermark %s -> %s", row.stream, row.batch_id, Path(row.source_file or "").name,
+                row.lines, row.accepted, row.quarantined, row.late, row.duplicates,
+                wm(row.watermark_before), wm(row.watermark_after),
+            )
+
+
+def run_ingest(
+    spark: SparkSession, settings: Settings, engine: DeltaEngine, streams: Sequence[str]
+) -> dict[str, list[BatchRow]]:
+    """Ingest each stream once (availableNow) and return the batches committed in this cycle."""
+    return {name: StreamIngest(spark, settings, engine, settings.stream(name)).run() for name in streams}
+
+
+def summary(settings: Settings, streams: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """Per-stream totals over all batches ever committed: where every line went."""
+    out = {}
+    for name in streams:
+        state = load_state(settings, name)
+        out[name] = {
+            **state.totals(),
+            "watermark": state.watermark,
+            "last_arrival": state.last_arrival,
+            "batches": len(state.rows),
+        }
+    return out
+
+
+def _json_default(value: object) -> str:
+    return value.isoformat() if isinstance(value, datetime) else str(value)
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, default=_json_default, indent=2, sort_keys=True)
+
+
+__all__ = [
+    "BatchRow",
+    "StreamIngest",
+    "StreamState",
+    "file_watermarks",
+    "load_state",
+    "run_ingest",
+    "summary",
+]

@@ -1,0 +1,133 @@
+"""Every Delta table sluice owns: its path under the lake, its schema and its partitioning (SPEC section 4).
+
+Column names are part of the contract that acceptance tests read, so they live here and nowhere else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from pyspark.sql.types import (
+    BooleanType,
+    DateType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+from sluice.config import Settings, StreamSpec
+
+
+@dataclass(frozen=True)
+class TableDef:
+    """A Delta table: where it lives (relative to the lake), its schema and partition columns."""
+
+    name: str
+    schema: StructType
+    partition_by: tuple[str, ...] = ()
+
+    def path(self, settings: Settings) -> Path:
+        return settings.lake / self.name
+
+
+def _fields(*pairs: tuple[str, object]) -> list[StructField]:
+    return [StructField(name, dtype, True) for name, dtype in pairs]  # type: ignore[arg-type]
+
+
+def payload_fields(spec: StreamSpec) -> list[StructField]:
+    """The stream's own fields: ids and attributes as strings, event_time normalised to UTC."""
+    return [
+        StructField(f, TimestampType() if f == "event_time" else StringType(), True) for f in spec.fields
+    ]
+
+
+_LINEAGE = _fields(
+    ("arrival_time", TimestampType()),
+    ("source_file", StringType()),
+    ("ingest_batch_id", LongType()),
+)
+
+# Bronze is partitioned by event hour so that dedup lookups, backfills and windows prune to the hours
+# they touch instead of scanning the stream's whole history.
+EVENT_PARTITIONS = ("event_date", "event_hour")
+
+
+def bronze(spec: StreamSpec) -> TableDef:
+    schema = StructType(
+        [
+            *payload_fields(spec),
+            *_LINEAGE,
+            StructField("is_heartbeat", BooleanType(), False),
+            StructField("event_date", DateType(), True),
+            StructField("event_hour", IntegerType(), True),
+        ]
+    )
+    return TableDef(f"bronze/{spec.name}", schema, EVENT_PARTITIONS)
+
+
+def quarantine(spec: StreamSpec) -> TableDef:
+    schema = StructType(
+        _fields(
+            ("raw", StringType()),
+            ("source_file", StringType()),
+            ("reason", StringType()),
+            ("detail", StringType()),
+            ("arrival_time", TimestampType()),
+            ("ingest_batch_id", LongType()),
+        )
+    )
+    return TableDef(f"quarantine/{spec.name}", schema)
+
+
+def dlq(spec: StreamSpec) -> TableDef:
+    schema = StructType(
+        [
+            *payload_fields(spec),
+            *_fields(("watermark", TimestampType())),
+            *_LINEAGE,
+            *_fields(("raw", StringType())),
+        ]
+    )
+    return TableDef(f"dlq/{spec.name}", schema)
+
+
+INGEST_BATCHES = TableDef(
+    "ops/ingest_batches",
+    StructType(
+        _fields(
+            ("stream", StringType()),
+            ("batch_id", LongType()),
+            ("lines", LongType()),
+            ("accepted", LongType()),
+            ("quarantined", LongType()),
+            ("late", LongType()),
+            ("duplicates", LongType()),
+            ("watermark_before", TimestampType()),
+            ("watermark_after", TimestampType()),
+            # Beyond the SPEC minimum: what lets `status`, restarts and heartbeats reason about a batch.
+            ("max_event_time", TimestampType()),
+            ("max_arrival_time", TimestampType()),
+            ("source_file", StringType()),
+            ("is_heartbeat", BooleanType()),
+            ("spark_batch_id", LongType()),
+            ("query_id", StringType()),
+        )
+    ),
+)
+
+QUARANTINE_REASONS = ("malformed_json", "missing_field", "bad_timestamp", "early")
+
+
+def stream_tables(spec: StreamSpec) -> list[TableDef]:
+    return [bronze(spec), quarantine(spec), dlq(spec)]
+
+
+def all_ingest_tables(settings: Settings) -> list[TableDef]:
+    tables = [INGEST_BATCHES]
+    for spec in settings.streams.values():
+        tables.extend(stream_tables(spec))
+    return tables
