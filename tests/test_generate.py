@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import itertools
 import json
 import re
 from collections import Counter
@@ -307,7 +308,9 @@ def test_to_dict_is_json_and_write_manifest(landed: dict[str, tuple[Path, Manife
     assert json.loads(target.read_text()) == data
     assert data["options"]["start"] == "2024-05-01T00:00:00Z"
     assert data["streams"]["clicks"]["join"]["matched"] > 0
-    assert "impressions" in manifest.summary()
+    assert "impressions" in manifest.summary() and str(manifest.landing) in manifest.describe()
+    assert data["totals"] == manifest.totals()
+    assert data["totals"]["events"]["lines"] == data["streams"]["events"]["lines"]
 
 
 def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path: Path) -> None:
@@ -320,9 +323,10 @@ def test_same_seed_is_byte_identical_and_other_seed_differs(tmp_path: Path) -> N
     da, db = ma.to_dict(), mb.to_dict()
     da.pop("landing"), db.pop("landing")
     assert da == db
-    other = snapshot(c)
-    assert other.keys() == snapshot(a).keys()  # same slices, same names
-    assert all(other[k][0] != snapshot(a)[k][0] for k in other)
+    first, other = snapshot(a), snapshot(c)
+    common = other.keys() & first.keys()
+    assert len(common) > 10
+    assert all(other[k][0] != first[k][0] for k in common)
 
 
 def test_files_arrive_in_order_in_the_past_and_nothing_is_left_in_flight(
@@ -409,7 +413,7 @@ def test_duplicates_are_byte_identical_copies_of_accepted_lines(
             c.record.get(id_field)
             for f in check_stream(root / stream, stream)
             for c in f.lines
-            if c.record is not None and c.kind != "duplicate"
+            if c.record is not None and c.kind != "duplicate" and id_field in c.record
         )
         assert max(ids.values()) == 1
 
@@ -464,14 +468,14 @@ def test_streams_are_independent_of_each_other(tmp_path: Path) -> None:
 def test_idle_gap_has_no_files_and_clicks_follow_impressions(
     landed: dict[str, tuple[Path, Manifest]],
 ) -> None:
-    root, manifest = landed["idle-gap-gzip-heavy"]
+    _, manifest = landed["idle-gap-gzip-heavy"]
     assert manifest.idle_gap is not None
     gap_start, gap_end = manifest.idle_gap
     assert gap_end - gap_start >= timedelta(minutes=45)
     assert manifest.options.start < gap_start and gap_end < manifest.options.end
     for stream, sm in manifest.streams.items():
         arrivals = [d.arrival for d in sm.file_details]
-        assert max(b - a for a, b in zip(arrivals, arrivals[1:], strict=False)) >= timedelta(minutes=45)
+        assert max(b - a for a, b in itertools.pairwise(arrivals)) >= timedelta(minutes=45)
         for d in sm.file_details:
             assert d.event_end <= gap_start or d.event_start >= gap_end, stream
     join = manifest.streams["clicks"].join
@@ -547,3 +551,20 @@ def test_disorder_limit_depends_on_the_streams() -> None:
     assert GenerateOptions(disorder=300, streams=("impressions", "clicks")).disorder == 300
     with pytest.raises(ConfigError, match="events"):
         GenerateOptions(disorder=300)
+
+
+def test_some_records_carry_unknown_fields_or_lack_optional_ones(
+    landed: dict[str, tuple[Path, Manifest]],
+) -> None:
+    root, _ = landed["defaults"]
+    known = {
+        "impressions": {"impression_id", "ad_id", "user_id", "event_time"},
+        "clicks": {"click_id", "impression_id", "ad_id", "user_id", "event_time"},
+        "events": {"event_id", "user_id", "event_type", "event_time"},
+    }
+    for stream in ("impressions", "events"):
+        records = [
+            c.record for f in check_stream(root / stream, stream) for c in f.lines if c.kind == "accepted"
+        ]
+        assert any(set(r or {}) - known[stream] for r in records)
+        assert any(known[stream] - set(r or {}) for r in records)

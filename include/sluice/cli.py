@@ -42,10 +42,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     settings = _settings(args)
     options = options_from_args(args)
-    manifest = generate(settings.landing, options)
+    manifest = generate(settings.landing, options, specs=settings.streams)
     if args.manifest:
         manifest.write_manifest(Path(args.manifest))
-    print(manifest.describe() if hasattr(manifest, "describe") else manifest.to_dict())
+    print(manifest.describe())
     return EXIT_OK
 
 

@@ -201,6 +201,14 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
+def _with_duration(spec: StreamSpec, key: str, value: timedelta) -> StreamSpec:
+    if key == "watermark_delay":
+        return replace(spec, watermark_delay=value)
+    if key == "early_tolerance":
+        return replace(spec, early_tolerance=value)
+    return replace(spec, idle_timeout=value)
+
+
 _GLOBAL_KEYS = ("dedup_retention", "max_files_per_trigger", "shuffle_partitions", "spark_master")
 
 
@@ -235,15 +243,13 @@ def load_settings(
         bad = set(overrides or {}) - set(STREAM_KEYS)
         if bad:
             raise ConfigError(f"streams.{name}: unknown key(s) {sorted(bad)}; allowed: {', '.join(STREAM_KEYS)}")
-        streams[name] = replace(
-            streams[name],
-            **{k: parse_duration(v, f"streams.{name}.{k}") for k, v in (overrides or {}).items()},
-        )
+        for key, value in (overrides or {}).items():
+            streams[name] = _with_duration(streams[name], key, parse_duration(value, f"streams.{name}.{key}"))
     for name in list(streams):
         for key in STREAM_KEYS:
             env_key = f"SLUICE_{name.upper()}_{key.upper()}"
             if env_key in env:
-                streams[name] = replace(streams[name], **{key: parse_duration(env[env_key], env_key)})
+                streams[name] = _with_duration(streams[name], key, parse_duration(env[env_key], env_key))
 
     values: dict[str, Any] = {k: raw[k] for k in _GLOBAL_KEYS if k in raw}
     for key in _GLOBAL_KEYS:

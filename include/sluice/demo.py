@@ -20,8 +20,8 @@ def run_demo(settings: Settings) -> int:
     options = GenerateOptions(hours=24)
     if not any(settings.landing.glob("*/*.json*")):
         log.info("demo: generating %d hours of synthetic events into %s", options.hours, settings.landing)
-        manifest = generate(settings.landing, options)
-        log.info("demo: generated %s", manifest.to_dict().get("totals", ""))
+        manifest = generate(settings.landing, options, specs=settings.streams)
+        print(manifest.describe(), "\n", flush=True)
     # "now" an hour after the data ends: every stream is idle by then, so heartbeats close the last hour.
     now = settings.now_override or options.start + timedelta(hours=options.hours + 1)
     settings = replace(settings, now_override=now)

@@ -63,7 +63,13 @@ BAD_TIMESTAMPS: tuple[str, ...] = ("yesterday", "2024-13-45T99:00:00Z", "01/05/2
 # Non-UTC offsets for records that spell the same instant with a numeric offset.
 OFFSET_MINUTES: tuple[int, ...] = (120, -300, 330, 540, -210, 60)
 EVENT_TYPES: tuple[str, ...] = ("view", "scroll", "click", "add_to_cart", "purchase", "login")
-SDKS: tuple[str, ...] = ("ios-4.2.1", "android-7.0.3", "web-2024.5")
+# Unknown fields a real producer might add; consumers must ignore them (SPEC section 2).
+EXTRA_FIELDS: dict[str, tuple[Any, ...]] = {
+    "sdk": ("ios-4.2.1", "android-7.0.3", "web-2024.5"),
+    "experiment": ("exp-a", "exp-b"),
+    "geo": ("DE", "US", "BR", "IN"),
+    "schema_version": (2, 3),
+}
 # Small fixed shares that make the records look like real traffic (extra fields must be ignored,
 # optional fields may be absent); they never change a record's classification.
 EXTRA_FIELD_SHARE = 0.05
@@ -328,6 +334,7 @@ class Manifest:
                 else None
             ),
             "last_arrival": rfc3339(self.last_arrival),
+            "totals": self.totals(),
             "streams": {name: s.to_dict() for name, s in self.streams.items()},
         }
 
@@ -336,6 +343,10 @@ class Manifest:
         target.parent.mkdir(parents=True, exist_ok=True)
         target.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
         return target
+
+    def describe(self) -> str:
+        """What ``sluice generate`` prints: where the files went, and the table of :meth:`summary`."""
+        return f"generated {self.lines} lines under {self.landing}\n{self.summary()}"
 
     def summary(self) -> str:
         """A small human-readable table for the CLI."""
@@ -588,7 +599,8 @@ def _render(
         else _format_time(rng, event_time, data.options.offset_timestamps)
     )
     if rng.random() < EXTRA_FIELD_SHARE:
-        record[rng.choice(("sdk", "experiment", "geo"))] = rng.choice(SDKS)
+        name = rng.choice(sorted(EXTRA_FIELDS))
+        record[name] = rng.choice(EXTRA_FIELDS[name])
     if drop is not None:
         record.pop(drop, None)
     return json.dumps(record, separators=(",", ":"))
@@ -851,7 +863,9 @@ def generate(
         asm.add_late(_count(options.late_share, n), make)
         asm.add_early(_count(options.early_share, n), make)
         asm.add_duplicates(_count(options.duplicate_share, n))
-        asm.add_malformed(_count(options.malformed_share, n), make)
+        # At least one line of each malformed kind whenever malformed lines are asked for at all.
+        malformed = _count(options.malformed_share, n)
+        asm.add_malformed(max(malformed, len(MALFORMED_KINDS)) if malformed else 0, make)
         asm.verify()
 
         directory = landing / name

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -36,7 +36,7 @@ from typing import Any
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -127,6 +127,10 @@ def utc(value: datetime | None) -> datetime | None:
     if value is None:
         return None
     # astimezone() reads a naive value as local time, which is exactly what Spark produced.
+    return value.astimezone(UTC)
+
+
+def _aware(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
@@ -304,8 +308,8 @@ class StreamIngest:
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
         spec = self.spec
         state = load_state(self.settings, spec.name)
-        files = sorted(
-            (utc(r["arrival_time"]), r["source_file"])
+        files: list[tuple[datetime, str]] = sorted(
+            (_aware(r["arrival_time"]), r["source_file"])
             for r in df.select("arrival_time", "source_file").distinct().collect()
         )
         if not files:
@@ -465,7 +469,7 @@ class StreamIngest:
         event hour, so only the hours inside the horizon are read."""
         horizon = prior.watermark - self.settings.dedup_retention if prior.watermark else None
 
-        def in_horizon(values: dict[str, Any]) -> bool:
+        def in_horizon(values: Mapping[str, Any]) -> bool:
             if horizon is None or values.get("event_date") is None:
                 return True
             start = datetime.combine(values["event_date"], datetime.min.time(), horizon.tzinfo)

@@ -32,7 +32,7 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     builder = SparkSession.builder.appName(app_name)
     # spark-submit already decided the master; only set it when we start the JVM ourselves.
-    if master or not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in _submit_conf():
+    if master or (not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in _submit_conf()):
         builder = builder.master(master or settings.spark_master)
     for key, value in spark_conf(settings).items():
         builder = builder.config(key, value)

@@ -211,6 +211,7 @@ class RsDeltaEngine:
             return False
         actions: list[AddAction | RemoveAction] = list(self._stage(df, path, table))
         self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
+        _maybe_kill(path)
         return True
 
     def replace(
@@ -245,6 +246,7 @@ class RsDeltaEngine:
             for rel, values, size in victims
         ]
         self._commit(table, [*removes, *adds], app_id=app_id, version=version, metadata=metadata)
+        _maybe_kill(path)
         return True
 
     # -- reads --------------------------------------------------------------------------------------
@@ -286,10 +288,32 @@ class RsDeltaEngine:
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         out = []
         for entry in self._table(path).history(limit):
-            raw = entry.get("sluice")
+            # Our own commits carry "sluice"; the native connector's carry "userMetadata".
+            raw = entry.get("sluice") or entry.get("userMetadata")
             if raw:
                 out.append(json.loads(raw))
         return out
+
+
+_commits_seen: dict[str, int] = {}
+
+
+def _maybe_kill(path: Path) -> None:
+    """Crash-test hook: ``SLUICE_KILL_AFTER_COMMIT=<table suffix>:<n>`` SIGKILLs this process right after
+    its n-th commit to a table whose path ends with the suffix - the worst moment for a crash, between the
+    commits of one micro-batch. Unset (the default) it does nothing."""
+    spec = os.environ.get("SLUICE_KILL_AFTER_COMMIT")
+    if not spec:
+        return
+    suffix, _, count = spec.rpartition(":")
+    if not str(path).rstrip("/").endswith(suffix):
+        return
+    _commits_seen[suffix] = _commits_seen.get(suffix, 0) + 1
+    if _commits_seen[suffix] >= int(count):
+        import signal
+
+        log.warning("SLUICE_KILL_AFTER_COMMIT=%s reached: SIGKILL", spec)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str | None]:

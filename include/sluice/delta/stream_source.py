@@ -62,6 +62,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DEFAULT_MAX_FILES_PER_TRIGGER",
     "SOURCE_NAME",
+    "DataFile",
     "DeltaBatchReader",
     "DeltaDataSource",
     "DeltaFilesPartition",
@@ -389,11 +390,12 @@ def _partition_scalar(raw: str | None, arrow_type: pa.DataType) -> pa.Scalar:
     import pyarrow as pa
     import pyarrow.types as pat
 
-    is_string = pat.is_string(arrow_type) or pat.is_large_string(arrow_type)
-    if raw is None or (raw == "" and not is_string):
+    # An empty partition value is null for every type, strings included: Spark writes "" as the null
+    # partition, and delta-rs' own snapshot reports it as null, so both read paths must agree.
+    if raw is None or raw == "":
         return pa.scalar(None, type=arrow_type)
     value: object
-    if is_string:
+    if pat.is_string(arrow_type) or pat.is_large_string(arrow_type):
         value = raw
     elif pat.is_boolean(arrow_type):
         value = raw.strip().lower() == "true"
@@ -471,7 +473,7 @@ def _read_file(f: DataFile, target: pa.Schema) -> Iterator[pa.RecordBatch]:
                 yield assemble(None, rows)
                 remaining -= rows
             return
-        for batch in parquet.iter_batches(batch_size=_ARROW_BATCH_ROWS, columns=columns, use_threads=False):
+        for batch in parquet.iter_batches(batch_size=_ARROW_BATCH_ROWS, columns=columns):
             if batch.num_rows:
                 yield assemble(batch, batch.num_rows)
 
@@ -617,7 +619,9 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end, used = begin, 0
         for commit in self.log.commits(begin, available):
             commit_cost = sum(cost(f) for f in commit.files)
-            if used > 0 and used + commit_cost > budget:
+            # Commits without files (compaction, metadata) ride along for free, so that they never
+            # cost an empty micro-batch of their own.
+            if commit_cost > 0 and used > 0 and used + commit_cost > budget:
                 break
             end, used = commit.version, used + commit_cost
         return end
@@ -650,10 +654,10 @@ class DeltaDataSource(DataSource):
     def schema(self) -> StructType:
         return table_schema(_table_option(self.options), _int_option(self.options, "version", 0))
 
-    def reader(self, schema: StructType) -> DataSourceReader:
+    def reader(self, schema: StructType) -> DeltaBatchReader:
         return DeltaBatchReader(_table_option(self.options), schema, _int_option(self.options, "version", 0))
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+    def streamReader(self, schema: StructType) -> DeltaStreamReader:
         starting: int | str | None
         if (_option(self.options, "startingVersion") or "").lower() == "latest":
             starting = "latest"
@@ -673,9 +677,15 @@ _registered: weakref.WeakSet[SparkSession] = weakref.WeakSet()
 
 
 def register(spark: SparkSession) -> None:
-    """Register :class:`DeltaDataSource` as ``sluice_delta`` on this session (once: re-registering
-    works but makes Spark log an "overwriting data source" warning each time)."""
+    """Register :class:`DeltaDataSource` as ``sluice_delta`` on this session; safe to call repeatedly."""
     if spark in _registered:
         return
-    spark.dataSource.register(DeltaDataSource)
+    try:
+        spark.dataSource.register(DeltaDataSource)
+    except Exception as exc:
+        # Re-registering a name is allowed (Spark just replaces it), but a name that Spark discovered
+        # statically (a ``pyspark_*`` module's DefaultSource) raises DATA_SOURCE_ALREADY_EXISTS; the
+        # name is then served already and a pipeline should not die on a repeated register() call.
+        if "DATA_SOURCE_ALREADY_EXISTS" not in str(exc):
+            raise
     _registered.add(spark)

@@ -1,0 +1,117 @@
+"""The other side of the engine seam: the native delta-spark connector.
+
+Used where the Delta jars are on the Spark classpath (the docker-compose Spark image sets
+``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``). Same contract as
+:class:`sluice.delta.engine.RsDeltaEngine`: idempotent commits keyed by Delta app transactions
+(``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in ``userMetadata``,
+atomic range replacement with ``replaceWhere``.
+
+This machine cannot download the connector, so this class is exercised only where the jars exist.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from sluice.delta.engine import PartitionPredicate, RsDeltaEngine
+
+
+class NativeDeltaEngine:
+    def __init__(self, spark: SparkSession) -> None:
+        self.spark = spark
+        # delta-rs still answers the metadata questions (it reads any Delta table's log), so both
+        # engines agree on versions, partitions and app transactions.
+        self._meta = RsDeltaEngine(spark)
+
+    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+        self._meta.ensure_table(path, schema, partition_by)
+
+    def committed_version(self, path: Path, app_id: str) -> int | None:
+        return self._meta.committed_version(path, app_id)
+
+    def _writer(self, df: DataFrame, app_id: str, version: int, metadata: Mapping[str, Any] | None) -> Any:
+        return (
+            df.write.format("delta")
+            .option("txnAppId", app_id)
+            .option("txnVersion", str(version))
+            .option("userMetadata", json.dumps(dict(metadata or {}), default=str, sort_keys=True))
+        )
+
+    def append(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        done = self.committed_version(path, app_id)
+        if done is not None and done >= version:
+            return False
+        self._writer(df, app_id, version, metadata).mode("append").save(str(path))
+        return True
+
+    def replace(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        keep: Callable[[DataFrame], DataFrame],
+        files: PartitionPredicate | None = None,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        done = self.committed_version(path, app_id)
+        if done is not None and done >= version:
+            return False
+        table = DeltaTable(str(path))
+        partitions = table.metadata().partition_columns
+        chosen = [p for p in table.partitions() if files is None or files(p)] if partitions else []
+        if files is None or not partitions:
+            condition = "true"
+        elif not chosen:
+            condition = "false"
+        else:
+            condition = " OR ".join(
+                "(" + " AND ".join(f"`{k}` = '{v}'" for k, v in p.items()) + ")" for p in chosen
+            )
+        current = self.spark.read.format("delta").load(str(path)).where(condition)
+        rewritten = keep(current).unionByName(df)
+        (
+            self._writer(rewritten.localCheckpoint(), app_id, version, metadata)
+            .mode("overwrite")
+            .option("replaceWhere", condition)
+            .save(str(path))
+        )
+        return True
+
+    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
+        df = self.spark.read.format("delta").load(str(path))
+        if files is None:
+            return df
+        table = DeltaTable(str(path))
+        chosen = [p for p in table.partitions() if files(p)]
+        if not chosen:
+            return df.limit(0)
+        condition = " OR ".join(
+            "(" + " AND ".join(f"`{k}` = '{v}'" for k, v in p.items()) + ")" for p in chosen
+        )
+        return df.where(condition)
+
+    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+        reader = self.spark.readStream.format("delta")
+        if max_files_per_trigger:
+            reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+        return reader.load(str(path))
+
+    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
+        return self._meta.history_metadata(path, limit)

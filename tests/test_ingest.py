@@ -1,0 +1,246 @@
+"""Ingest against SPEC sections 2-3, with real Spark and real Delta tables under tmp_path."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from sluice.config import Settings
+from sluice.delta.engine import RsDeltaEngine
+from sluice.ingest import file_watermarks, load_state, run_ingest
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+
+
+def ts(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def iso(minutes: float) -> str:
+    return ts(minutes).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def imp(i: str, minutes: float, ad: str = "a1", **extra: Any) -> str:
+    return json.dumps({"impression_id": i, "ad_id": ad, "event_time": iso(minutes), **extra})
+
+
+def land(settings: Settings, stream: str, name: str, lines: list[str], arrival_minutes: float) -> Path:
+    """Write a landing file the way producers do (in-flight name, then rename) with its arrival mtime."""
+    folder = settings.landing_dir(stream)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text("".join(line + "\n" for line in lines))
+    final = folder / name
+    tmp.rename(final)
+    stamp = ts(arrival_minutes).timestamp()
+    os.utime(final, (stamp, stamp))
+    return final
+
+
+def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
+    return pa.table(DeltaTable(str(settings.lake / table)).to_pyarrow_table()).to_pylist()
+
+
+def ingest(spark: SparkSession, settings: Settings, now_minutes: float, *streams: str) -> Settings:
+    settings = replace(settings, now_override=ts(now_minutes))
+    run_ingest(spark, settings, RsDeltaEngine(spark), streams or ("impressions",))
+    return settings
+
+
+def test_each_quarantine_reason(spark: SparkSession, settings: Settings) -> None:
+    land(
+        settings,
+        "impressions",
+        "f1.jsonl",
+        [
+            imp("ok", 0),
+            "this is not json",
+            '{"impression_id": "trunc", "ad_id": ',
+            "[1, 2, 3]",
+            json.dumps({"impression_id": "m1", "event_time": iso(1)}),  # no ad_id
+            json.dumps({"impression_id": "m2", "ad_id": "a1"}),  # no event_time
+            json.dumps({"impression_id": "b1", "ad_id": "a1", "event_time": "yesterday"}),
+            json.dumps({"impression_id": "b2", "ad_id": "a1", "event_time": "2024-13-45T99:00:00Z"}),
+            json.dumps({"impression_id": "b3", "ad_id": "a1", "event_time": "2024-05-01 10:00:00"}),  # no zone
+            imp("e1", 20),  # arrival is 10:12, so 10:20 is 8 min ahead > 5 min tolerance
+            imp("e_ok", 16),  # 4 min ahead: within tolerance, accepted
+        ],
+        arrival_minutes=12,
+    )
+    ingest(spark, settings, 13)
+    reasons = {r["raw"]: r["reason"] for r in rows(settings, "quarantine/impressions")}
+    assert sorted(reasons.values()) == sorted(
+        ["malformed_json"] * 3 + ["missing_field"] * 2 + ["bad_timestamp"] * 3 + ["early"]
+    )
+    assert reasons[imp("e1", 20)] == "early"
+    assert reasons["this is not json"] == "malformed_json"
+    q = rows(settings, "quarantine/impressions")
+    assert all(r["source_file"].endswith("f1.jsonl") for r in q)
+    assert {r["impression_id"] for r in rows(settings, "bronze/impressions")} == {"ok", "e_ok"}
+
+
+def test_early_records_do_not_advance_the_watermark(spark: SparkSession, settings: Settings) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 0), imp("early", 300)], arrival_minutes=5)
+    ingest(spark, settings, 6)
+    state = load_state(settings, "impressions")
+    assert state.watermark == ts(0) - timedelta(minutes=10)
+
+
+def test_watermark_rule_across_batches_and_restarts(spark: SparkSession, settings: Settings) -> None:
+    # Batch 1 accepts up to 10:30 -> watermark 10:20 applies to LATER batches only.
+    land(settings, "impressions", "f1.jsonl", [imp("a", 30), imp("b", 5)], arrival_minutes=31)
+    ingest(spark, settings, 32)
+    assert load_state(settings, "impressions").watermark == ts(20)
+    # A restart (new query from the same checkpoint): the watermark is still 10:20.
+    land(settings, "impressions", "f2.jsonl", [imp("c", 21), imp("d", 19), imp("e", 25)], arrival_minutes=33)
+    ingest(spark, settings, 34)
+    state = load_state(settings, "impressions")
+    f2 = next(r for r in state.rows if r.source_file and r.source_file.endswith("f2.jsonl"))
+    assert f2.watermark_before == ts(20)
+    assert (f2.accepted, f2.late) == (2, 1)
+    # Max accepted is still 10:30, so the watermark does not move, and never moves backwards.
+    assert f2.watermark_after == ts(20)
+    land(settings, "impressions", "f3.jsonl", [imp("f", 50)], arrival_minutes=51)
+    ingest(spark, settings, 52)
+    assert load_state(settings, "impressions").watermark == ts(40)
+    marks = [r.watermark_after for r in load_state(settings, "impressions").rows]
+    assert marks == sorted(marks)
+
+
+def test_late_records_go_to_dlq_with_the_watermark_they_missed(
+    spark: SparkSession, settings: Settings
+) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
+    land(settings, "impressions", "f2.jsonl", [imp("late1", 30), imp("edge", 50), imp("ok", 55)], 62)
+    ingest(spark, settings, 63)
+    dlq = rows(settings, "dlq/impressions")
+    assert [(r["impression_id"], r["watermark"]) for r in dlq] == [("late1", ts(50))]
+    assert dlq[0]["event_time"] == ts(30)
+    # event_time == watermark is not below it: accepted.
+    assert {r["impression_id"] for r in rows(settings, "bronze/impressions")} == {"a", "edge", "ok"}
+
+
+def test_lateness_is_judged_file_by_file_whatever_the_trigger_size(
+    spark: SparkSession, settings: Settings
+) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
+    land(settings, "impressions", "f2.jsonl", [imp("b", 30)], arrival_minutes=62)
+    for files_per_trigger, home in ((1000, "big"), (1, "small")):
+        s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
+        ingest(spark, s, 63)
+        assert [r["impression_id"] for r in rows(s, "dlq/impressions")] == ["b"]
+
+
+def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Settings) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 0)], arrival_minutes=1)
+    ingest(spark, settings, 20)  # 19 min since the last arrival: not idle yet
+    state = load_state(settings, "impressions")
+    assert not any(r.is_heartbeat for r in state.rows)
+    assert state.watermark == ts(-10)
+    ingest(spark, settings, 31)  # 30 min since the last arrival: idle
+    state = load_state(settings, "impressions")
+    heartbeats = [r for r in state.rows if r.is_heartbeat]
+    assert len(heartbeats) == 1
+    assert heartbeats[0].max_event_time == ts(1)  # now - idle_timeout
+    assert state.watermark == ts(1) - timedelta(minutes=10)
+    bronze = rows(settings, "bronze/impressions")
+    hb = [r for r in bronze if r["is_heartbeat"]]
+    assert len(hb) == 1 and hb[0]["event_time"] == ts(1)
+    assert all(r["impression_id"] for r in bronze)  # heartbeats carry non-null sentinel keys
+    # Same now again: nothing new to say, no second heartbeat.
+    ingest(spark, settings, 31)
+    assert sum(r.is_heartbeat for r in load_state(settings, "impressions").rows) == 1
+    # A record that the heartbeat's watermark has passed is late.
+    land(settings, "impressions", "f2.jsonl", [imp("old", -15)], arrival_minutes=40)
+    ingest(spark, settings, 41)
+    assert [r["impression_id"] for r in rows(settings, "dlq/impressions")] == ["old"]
+
+
+def test_missing_landing_directory_is_idle_not_an_error(spark: SparkSession, settings: Settings) -> None:
+    ingest(spark, settings, 0, "clicks")
+    state = load_state(settings, "clicks")
+    assert [r.is_heartbeat for r in state.rows] == [True]
+    assert state.watermark == ts(-30) - timedelta(minutes=10)
+
+
+def test_offset_timestamps_are_normalised_to_utc(spark: SparkSession, settings: Settings) -> None:
+    line = json.dumps({"impression_id": "tz", "ad_id": "a", "event_time": "2024-05-01T12:07:30.250+02:00"})
+    land(settings, "impressions", "f1.jsonl", [line], arrival_minutes=10)
+    ingest(spark, settings, 11)
+    [row] = rows(settings, "bronze/impressions")
+    assert row["event_time"] == datetime(2024, 5, 1, 10, 7, 30, 250000, tzinfo=UTC)
+    assert (row["event_date"].isoformat(), row["event_hour"]) == ("2024-05-01", 10)
+
+
+def test_duplicates_within_a_file_across_files_and_across_runs(
+    spark: SparkSession, settings: Settings
+) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("x", 0), imp("x", 0), imp("y", 1)], arrival_minutes=2)
+    land(settings, "impressions", "f2.jsonl", [imp("y", 1), imp("z", 3)], arrival_minutes=4)
+    ingest(spark, settings, 5)
+    land(settings, "impressions", "f3.jsonl", [imp("x", 0), imp("z", 3), imp("w", 5)], arrival_minutes=6)
+    ingest(spark, settings, 7)
+    bronze = sorted(r["impression_id"] for r in rows(settings, "bronze/impressions"))
+    assert bronze == ["w", "x", "y", "z"]
+    per_file = {Path(r.source_file).name: r.duplicates for r in load_state(settings, "impressions").rows}
+    assert per_file == {"f1.jsonl": 1, "f2.jsonl": 1, "f3.jsonl": 2}
+
+
+def test_a_duplicate_of_a_dead_lettered_record_counts_once(spark: SparkSession, settings: Settings) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
+    land(settings, "impressions", "f2.jsonl", [imp("old", 0)], arrival_minutes=62)
+    land(settings, "impressions", "f3.jsonl", [imp("old", 0)], arrival_minutes=63)
+    ingest(spark, settings, 64)
+    totals = load_state(settings, "impressions").totals()
+    assert (totals["late"], totals["duplicates"]) == (1, 1)
+
+
+def test_in_flight_and_foreign_files_are_ignored(spark: SparkSession, settings: Settings) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 0)], arrival_minutes=1)
+    folder = settings.landing_dir("impressions")
+    (folder / ".f2.jsonl").write_text(imp("dot", 0) + "\n")
+    (folder / "_f3.jsonl").write_text(imp("underscore", 0) + "\n")
+    (folder / "notes.txt").write_text("not an event file\n")
+    ingest(spark, settings, 2)
+    assert [r["impression_id"] for r in rows(settings, "bronze/impressions")] == ["a"]
+    assert load_state(settings, "impressions").totals()["lines"] == 1
+
+
+def test_gzip_files_are_read(spark: SparkSession, settings: Settings) -> None:
+    import gzip
+
+    folder = settings.landing_dir("impressions")
+    folder.mkdir(parents=True)
+    with gzip.open(folder / "f1.jsonl.gz", "wt") as fh:
+        fh.write(imp("gz", 0) + "\n")
+    ingest(spark, settings, 1)
+    assert [r["impression_id"] for r in rows(settings, "bronze/impressions")] == ["gz"]
+
+
+def test_unknown_fields_are_ignored(spark: SparkSession, settings: Settings) -> None:
+    land(settings, "impressions", "f1.jsonl", [imp("a", 0, extra={"nested": [1]}, colour="red")], 1)
+    ingest(spark, settings, 2)
+    [row] = rows(settings, "bronze/impressions")
+    assert "colour" not in row and row["impression_id"] == "a"
+
+
+def test_file_watermarks_rule() -> None:
+    delay = timedelta(minutes=10)
+    marks = file_watermarks([(0, ts(30)), (1, None), (2, ts(10)), (3, ts(45))], ts(0), delay)
+    assert marks == {
+        0: (ts(0), ts(20)),
+        1: (ts(20), ts(20)),
+        2: (ts(20), ts(20)),  # never backwards
+        3: (ts(20), ts(35)),
+    }
