@@ -165,6 +165,17 @@ class Settings:
     max_files_per_trigger: int = 1000
     shuffle_partitions: int = 4
     spark_master: str = "local[2]"
+    # pipeline -> (window size, hop); hop None = tumbling. Default: hourly tumbling windows.
+    windows: Mapping[str, tuple[timedelta, timedelta | None]] = field(default_factory=dict)
+
+    def window_for(self, pipeline: str) -> Any:
+        """The pipeline's configured WindowSpec, or None for the pipeline's default (hourly tumbling)."""
+        if pipeline not in self.windows:
+            return None
+        from sluice.pipelines.base import WindowSpec
+
+        size, hop = self.windows[pipeline]
+        return WindowSpec(size, hop)
 
     def now(self) -> datetime:
         """The injectable "now": ``SLUICE_NOW``/``--now`` if given, else the wall clock (UTC)."""
@@ -228,9 +239,10 @@ def load_settings(
     elif (home_path / "sluice.yaml").exists():
         raw = _read_yaml(home_path / "sluice.yaml")
 
-    unknown = set(raw) - {*_GLOBAL_KEYS, "streams", "landing", "lake", "now"}
+    top_keys = {*_GLOBAL_KEYS, "streams", "pipelines", "landing", "lake", "now"}
+    unknown = set(raw) - top_keys
     if unknown:
-        allowed = ", ".join(sorted({*_GLOBAL_KEYS, "streams", "landing", "lake", "now"}))
+        allowed = ", ".join(sorted(top_keys))
         raise ConfigError(f"config: unknown key(s) {sorted(unknown)}; allowed keys: {allowed}")
 
     streams = dict(DEFAULT_STREAMS)
@@ -264,6 +276,25 @@ def load_settings(
     if "spark_master" in values:
         typed["spark_master"] = str(values["spark_master"])
 
+    windows: dict[str, tuple[timedelta, timedelta | None]] = {}
+    yaml_pipelines = raw.get("pipelines") or {}
+    if not isinstance(yaml_pipelines, dict):
+        raise ConfigError("pipelines: must be a mapping of pipeline name to settings")
+    for pipeline in PIPELINE_STREAMS:
+        conf = (yaml_pipelines.get(pipeline) or {}).get("window") or {}
+        prefix = f"SLUICE_{pipeline.upper()}_WINDOW_"
+        size = env.get(prefix + "SIZE", conf.get("size"))
+        hop = env.get(prefix + "HOP", conf.get("hop"))
+        if size is not None or hop is not None:
+            size_td = parse_duration(size or "1h", f"pipelines.{pipeline}.window.size")
+            hop_td = parse_duration(hop, f"pipelines.{pipeline}.window.hop") if hop else None
+            if size_td <= timedelta(0) or (hop_td is not None and hop_td <= timedelta(0)):
+                raise ConfigError(f"pipelines.{pipeline}.window: size and hop must be > 0")
+            windows[pipeline] = (size_td, hop_td)
+    unknown_pipelines = set(yaml_pipelines) - set(PIPELINE_STREAMS)
+    if unknown_pipelines:
+        raise ConfigError(f"pipelines: unknown {sorted(unknown_pipelines)}; choose from {', '.join(PIPELINE_STREAMS)}")
+
     now_value = now if now is not None else env.get("SLUICE_NOW") or raw.get("now")
     landing = env.get("SLUICE_LANDING") or raw.get("landing") or home_path / "landing"
     lake = env.get("SLUICE_LAKE") or raw.get("lake") or home_path / "lake"
@@ -273,5 +304,6 @@ def load_settings(
         lake=Path(lake).absolute(),
         now_override=parse_timestamp(now_value, "SLUICE_NOW") if now_value else None,
         streams=streams,
+        windows=windows,
         **typed,
     )

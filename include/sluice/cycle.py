@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from sluice.aggregate import AggregateResult, run_pipeline
 from sluice.config import Settings, pipeline_streams
+from sluice.pipelines import get_pipeline
 from sluice.delta.engine import get_engine
 from sluice.ingest import BatchRow, run_ingest
 from sluice.report import accounting_table
@@ -25,6 +27,7 @@ class CycleResult:
     pipeline: str
     settings: Settings
     batches: dict[str, list[BatchRow]] = field(default_factory=dict)
+    aggregate: AggregateResult | None = None
     failed_windows: int = 0
     seconds: float = 0.0
 
@@ -38,7 +41,12 @@ class CycleResult:
             f"sluice run {self.pipeline}: {sum(len(b) for b in self.batches.values())} batch(es) "
             f"in {self.seconds:.1f}s (now={self.settings.now().isoformat()})"
         )
-        return head + "\n" + accounting_table(self.settings, streams)
+        parts = [head, accounting_table(self.settings, streams)]
+        if self.aggregate is not None:
+            windows = self.aggregate.windows
+            closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")
+            parts.append(f"windows closed this cycle: {len(windows)}" + (f" ({closed})" if windows else ""))
+        return "\n".join(parts)
 
 
 def run_cycle(settings: Settings, pipeline: str, spark: SparkSession | None = None) -> CycleResult:
@@ -48,4 +56,6 @@ def run_cycle(settings: Settings, pipeline: str, spark: SparkSession | None = No
     engine = get_engine(spark)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     batches = run_ingest(spark, settings, engine, streams)
-    return CycleResult(pipeline, settings, batches, seconds=time.monotonic() - started)
+    log.info("cycle %s: aggregating closed windows", pipeline)
+    aggregate = run_pipeline(spark, settings, engine, get_pipeline(pipeline, settings.window_for(pipeline)))
+    return CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started)

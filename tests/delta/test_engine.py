@@ -21,7 +21,6 @@ import duckdb_extension_delta
 import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
-from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import (
@@ -588,13 +587,6 @@ def test_engine_reads_and_appends_to_deltalake_tables(
     assert _duckdb_rows(path) == expected
 
 
-_ESCAPING_BUG = (
-    "engine bug: RsDeltaEngine._files returns the add-action paths of DeltaTable.get_add_actions(), which "
-    "are URI-encoded as the Delta protocol stores them (region=c%3Ad on disk is region=c%253Ad in the log); "
-    "_read_files opens them as file-system paths, so read()/replace() raise PATH_NOT_FOUND on any table "
-    "whose partition values need escaping (space, ':', '/', '%', ...); replace() also passes them to "
-    "RemoveAction, which delta-rs encodes again (c%25253Ad), so the remove would not match the add"
-)
 _ESCAPED_SCHEMA = StructType(
     [
         StructField("id", LongType()),
@@ -605,7 +597,6 @@ _ESCAPED_SCHEMA = StructType(
 )
 
 
-@pytest.mark.xfail(strict=True, raises=AnalysisException, reason=_ESCAPING_BUG)
 @pytest.mark.parametrize("writer", ["engine", "deltalake"])
 def test_read_partition_values_that_need_escaping(
     spark: SparkSession, engine: RsDeltaEngine, tmp_path: Path, writer: str
@@ -623,7 +614,6 @@ def test_read_partition_values_that_need_escaping(
     assert _spark_rows(engine.read(path)) == expected
 
 
-@pytest.mark.xfail(strict=True, raises=AnalysisException, reason=_ESCAPING_BUG)
 def test_replace_partition_values_that_need_escaping(
     spark: SparkSession, engine: RsDeltaEngine, tmp_path: Path
 ) -> None:

@@ -23,6 +23,7 @@ import os
 import shutil
 import time
 import uuid
+from urllib.parse import unquote
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -258,7 +259,8 @@ class RsDeltaEngine:
             # delta-rs hands partition values back typed (date, int); predicates see them that way.
             values = dict(add.get("partition") or {})
             if files is None or files(values):
-                chosen.append((add["path"], values, int(add["size_bytes"])))
+                # The log stores paths URI-encoded (region=c%3Ad on disk is region=c%253Ad there).
+                chosen.append((unquote(add["path"]), values, int(add["size_bytes"])))
         return sorted(chosen, key=lambda item: item[0])
 
     def _read_files(
@@ -317,8 +319,6 @@ def _maybe_kill(path: Path) -> None:
 
 
 def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str | None]:
-    from urllib.parse import unquote
-
     values: dict[str, str | None] = {}
     for part in rel.parts[:-1]:
         key, _, value = part.partition("=")

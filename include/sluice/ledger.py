@@ -1,0 +1,132 @@
+"""ops/window_ledger: one row per (pipeline, window), from the moment the window closes.
+
+States: ``closed`` (written to gold by the watermark) -> ``validated`` | ``failed`` (data quality) ->
+``reprocessed`` (a backfill rewrote it). The ledger is tiny (windows, not records), so it is read on the
+driver with delta-rs and rewritten through the engine in one atomic commit per change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, fields
+from datetime import datetime
+
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from sluice.config import Settings
+from sluice.delta.engine import DeltaEngine
+from sluice.tables import TableDef
+
+WINDOW_LEDGER = TableDef(
+    "ops/window_ledger",
+    StructType(
+        [
+            StructField("pipeline", StringType(), True),
+            StructField("window_start", TimestampType(), True),
+            StructField("window_end", TimestampType(), True),
+            StructField("state", StringType(), True),
+            StructField("closed_by_watermark", TimestampType(), True),
+            StructField("rows", LongType(), True),
+            StructField("late_rows", LongType(), True),
+            StructField("closed_at", TimestampType(), True),
+            StructField("updated_at", TimestampType(), True),
+            StructField("detail", StringType(), True),
+        ]
+    ),
+)
+
+STATES = ("open", "closed", "validated", "failed", "reprocessed")
+
+
+@dataclass
+class LedgerRow:
+    pipeline: str
+    window_start: datetime
+    window_end: datetime
+    state: str
+    closed_by_watermark: datetime | None
+    rows: int
+    late_rows: int
+    closed_at: datetime | None
+    updated_at: datetime | None
+    detail: str | None = None
+
+    @property
+    def key(self) -> tuple[str, datetime, datetime]:
+        return (self.pipeline, self.window_start, self.window_end)
+
+
+def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerRow]:
+    path = WINDOW_LEDGER.path(settings)
+    if not DeltaTable.is_deltatable(str(path)):
+        return []
+    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+    table = dataset.to_table(filter=pc.field("pipeline") == pipeline) if pipeline else dataset.to_table()
+    names = {f.name for f in fields(LedgerRow)}
+    rows = [LedgerRow(**{k: v for k, v in r.items() if k in names}) for r in pa.Table.to_pylist(table)]
+    return sorted(rows, key=lambda r: r.key)
+
+
+def late_counts(
+    spark: SparkSession, dlq_frames: Sequence[DataFrame], windows: Sequence[tuple[datetime, datetime]]
+) -> dict[tuple[datetime, datetime], int]:
+    """DLQ records per window so far (event_time in [start, end)), over the pipeline's streams."""
+    if not windows or not dlq_frames:
+        return {}
+    bounds = spark.createDataFrame(list(windows), "ws timestamp, we timestamp")
+    times = dlq_frames[0].select("event_time")
+    for frame in dlq_frames[1:]:
+        times = times.unionByName(frame.select("event_time"))
+    counted = (
+        times.join(F.broadcast(bounds), (F.col("event_time") >= F.col("ws")) & (F.col("event_time") < F.col("we")))
+        .groupBy("ws", "we")
+        .count()
+        .collect()
+    )
+    return {(_utc(r["ws"]), _utc(r["we"])): int(r["count"]) for r in counted}
+
+
+def _utc(value: datetime) -> datetime:
+    from datetime import UTC
+
+    return value.astimezone(UTC)
+
+
+def write_ledger(
+    spark: SparkSession,
+    settings: Settings,
+    engine: DeltaEngine,
+    rows: Iterable[LedgerRow],
+    *,
+    app_id: str,
+    version: int,
+) -> bool:
+    """Upsert ledger rows (by pipeline and window) in one atomic commit, idempotent per (app_id, version)."""
+    rows = list(rows)
+    if not rows:
+        return False
+    path = WINDOW_LEDGER.path(settings)
+    engine.ensure_table(path, WINDOW_LEDGER.schema)
+    keys = {r.key for r in rows}
+    frame = spark.createDataFrame([tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema)
+    key_frame = spark.createDataFrame(
+        [(p, s, e) for p, s, e in keys], "_p string, _s timestamp, _e timestamp"
+    ).withColumn("_hit", F.lit(True))
+
+    def keep(current: DataFrame) -> DataFrame:
+        joined = current.join(
+            F.broadcast(key_frame),
+            (current["pipeline"] == key_frame["_p"])
+            & (current["window_start"] == key_frame["_s"])
+            & (current["window_end"] == key_frame["_e"]),
+            "left",
+        )
+        return joined.filter(F.col("_hit").isNull()).select(*current.columns)
+
+    ordered = frame.coalesce(1).sortWithinPartitions("pipeline", "window_start", "window_end")
+    return engine.replace(ordered, path, keep=keep, app_id=app_id, version=version)
