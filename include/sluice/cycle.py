@@ -13,9 +13,9 @@ from pyspark.sql import SparkSession
 
 from sluice.aggregate import AggregateResult, run_pipeline
 from sluice.config import Settings, pipeline_streams
-from sluice.pipelines import get_pipeline
 from sluice.delta.engine import get_engine
 from sluice.ingest import BatchRow, run_ingest
+from sluice.pipelines import get_pipeline
 from sluice.report import accounting_table
 from sluice.spark import get_spark
 

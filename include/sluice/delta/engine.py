@@ -23,10 +23,10 @@ import os
 import shutil
 import time
 import uuid
-from urllib.parse import unquote
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
