@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
@@ -42,7 +41,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from sluice import tables
 from sluice.config import Settings, StreamSpec
-from sluice.delta.engine import DeltaEngine
+from sluice.delta.engine import DeltaEngine, read_small_table
 
 log = logging.getLogger("sluice.ingest")
 
@@ -112,11 +111,10 @@ class StreamState:
 def load_state(settings: Settings, stream: str) -> StreamState:
     """Read the stream's ops rows. ops/ingest_batches is metadata-sized (one row per file), so it is read
     on the driver directly with delta-rs rather than through a Spark job."""
-    path = tables.INGEST_BATCHES.path(settings)
-    if not DeltaTable.is_deltatable(str(path)):
+    data = read_small_table(tables.INGEST_BATCHES.path(settings))
+    if data is None:
         return StreamState()
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
-    table = dataset.to_table(filter=pc.field("stream") == stream)
+    table = data.filter(pc.field("stream") == stream)
     names = {f.name for f in tables.INGEST_BATCHES.schema.fields}
     rows = [BatchRow(**{k: v for k, v in r.items() if k in names}) for r in table.to_pylist()]
     return StreamState(sorted(rows, key=lambda r: r.batch_id))

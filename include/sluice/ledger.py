@@ -13,13 +13,12 @@ from datetime import datetime
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.config import Settings
-from sluice.delta.engine import DeltaEngine
+from sluice.delta.engine import DeltaEngine, read_small_table
 from sluice.tables import TableDef
 
 WINDOW_LEDGER = TableDef(
@@ -62,11 +61,10 @@ class LedgerRow:
 
 
 def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerRow]:
-    path = WINDOW_LEDGER.path(settings)
-    if not DeltaTable.is_deltatable(str(path)):
+    data = read_small_table(WINDOW_LEDGER.path(settings))
+    if data is None:
         return []
-    dataset = DeltaTable(str(path)).to_pyarrow_dataset()
-    table = dataset.to_table(filter=pc.field("pipeline") == pipeline) if pipeline else dataset.to_table()
+    table = data.filter(pc.field("pipeline") == pipeline) if pipeline else data
     names = {f.name for f in fields(LedgerRow)}
     rows = [LedgerRow(**{k: v for k, v in r.items() if k in names}) for r in pa.Table.to_pylist(table)]
     return sorted(rows, key=lambda r: r.key)

@@ -101,6 +101,23 @@ def spark_schema(table: DeltaTable) -> StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
 
 
+def read_small_table(path: Path, columns: Sequence[str] | None = None) -> pa.Table | None:
+    """Read a small, unpartitioned sluice ops table (ledger, batch log) on the driver, without Spark.
+
+    Plain ``pyarrow.parquet`` over the live files from the log: no Python-backed filesystem, so it is safe
+    to call from Spark's foreachBatch callback threads. Returns None when the table does not exist."""
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    table = DeltaTable(str(path))
+    schema = pa.schema(table.schema().to_arrow())
+    actions = pa.table(table.get_add_actions(flatten=False))
+    files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
+    if not files:
+        return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
+    data = pq.read_table(files, schema=schema, columns=list(columns) if columns else None)
+    return data
+
+
 def _stats_for(file: Path) -> str:
     # numRecords lets Delta readers (and our own status) count rows without opening files.
     meta = pq.read_metadata(file)
