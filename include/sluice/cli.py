@@ -58,6 +58,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return result.exit_code
 
 
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from sluice.backfill import run_backfill
+
+    settings = _settings(args)
+    result = run_backfill(settings, args.pipeline, args.start, args.end, include_late=args.include_late)
+    print(result.render())
+    return result.exit_code
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     from sluice.status import render_status
 
@@ -87,6 +96,14 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
     run.add_argument("--now", help="injectable 'now' (RFC 3339); default $SLUICE_NOW or the clock")
     run.set_defaults(func=cmd_run)
+
+    backfill = sub.add_parser("backfill", help="recompute a range of closed windows from bronze")
+    backfill.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
+    backfill.add_argument("--start", required=True, help="first window start, RFC 3339 (inclusive)")
+    backfill.add_argument("--end", required=True, help="range end, RFC 3339 (exclusive)")
+    backfill.add_argument("--include-late", action="store_true", help="also bring in the DLQ records")
+    backfill.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    backfill.set_defaults(func=cmd_backfill)
 
     status = sub.add_parser("status", help="watermarks, last arrivals and row counts")
     status.add_argument("--now", help=argparse.SUPPRESS)

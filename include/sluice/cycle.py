@@ -15,7 +15,9 @@ from sluice.aggregate import AggregateResult, run_pipeline
 from sluice.config import Settings, pipeline_streams
 from sluice.delta.engine import get_engine
 from sluice.ingest import BatchRow, run_ingest
+from sluice.locks import pipeline_lock
 from sluice.pipelines import get_pipeline
+from sluice.quality import QualityChecker, QualityReport
 from sluice.report import accounting_table
 from sluice.spark import get_spark
 
@@ -28,6 +30,7 @@ class CycleResult:
     settings: Settings
     batches: dict[str, list[BatchRow]] = field(default_factory=dict)
     aggregate: AggregateResult | None = None
+    quality: QualityReport | None = None
     failed_windows: int = 0
     seconds: float = 0.0
 
@@ -46,16 +49,32 @@ class CycleResult:
             windows = self.aggregate.windows
             closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")
             parts.append(f"windows closed this cycle: {len(windows)}" + (f" ({closed})" if windows else ""))
+        if self.quality is not None:
+            q = self.quality
+            parts.append(f"data quality: {len(q.checked) - len(q.failed)} window(s) passed, {len(q.failed)} failed"
+                         + (f"; Data Docs: {q.docs_index}" if q.docs_index else ""))
+            for (start, _end), failures in sorted(q.failed.items()):
+                parts.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
         return "\n".join(parts)
 
 
-def run_cycle(settings: Settings, pipeline: str, spark: SparkSession | None = None) -> CycleResult:
+def run_cycle(
+    settings: Settings, pipeline: str, spark: SparkSession | None = None, *, check_quality: bool = True
+) -> CycleResult:
+    """Ingest the pipeline's streams, aggregate closed windows, validate them. ``check_quality=False``
+    leaves the validation to a separate step (the Airflow DAG runs it as its own task)."""
     streams = pipeline_streams(pipeline)  # fails fast on an unknown pipeline, before any JVM starts
     started = time.monotonic()
     spark = spark or get_spark(settings, f"sluice-{pipeline}")
     engine = get_engine(spark)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
-    batches = run_ingest(spark, settings, engine, streams)
-    log.info("cycle %s: aggregating closed windows", pipeline)
-    aggregate = run_pipeline(spark, settings, engine, get_pipeline(pipeline, settings.window_for(pipeline)))
-    return CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started)
+    definition = get_pipeline(pipeline, settings.window_for(pipeline))
+    with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
+        batches = run_ingest(spark, settings, engine, streams)
+        log.info("cycle %s: aggregating closed windows", pipeline)
+        aggregate = run_pipeline(spark, settings, engine, definition)
+        quality = QualityChecker(spark, settings, engine, definition).check() if check_quality else None
+    result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started)
+    result.quality = quality
+    result.failed_windows = len(quality.failed) if quality else 0
+    return result

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,25 +96,20 @@ def _utc(value: datetime) -> datetime:
     return value.astimezone(UTC)
 
 
-def write_ledger(
+def replace_windows(
     spark: SparkSession,
-    settings: Settings,
     engine: DeltaEngine,
-    rows: Iterable[LedgerRow],
+    path: Path,
+    frame: DataFrame,
+    keys: Iterable[tuple[str, datetime, datetime]],
     *,
     app_id: str,
     version: int,
 ) -> bool:
-    """Upsert ledger rows (by pipeline and window) in one atomic commit, idempotent per (app_id, version)."""
-    rows = list(rows)
-    if not rows:
-        return False
-    path = WINDOW_LEDGER.path(settings)
-    engine.ensure_table(path, WINDOW_LEDGER.schema)
-    keys = {r.key for r in rows}
-    frame = spark.createDataFrame([tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema)
+    """Replace every row of the given (pipeline, window_start, window_end) keys with ``frame``, in one
+    atomic commit. Used for the ledger and the DQ results, which are keyed by window."""
     key_frame = spark.createDataFrame(
-        [(p, s, e) for p, s, e in keys], "_p string, _s timestamp, _e timestamp"
+        list(set(keys)), "_p string, _s timestamp, _e timestamp"
     ).withColumn("_hit", F.lit(True))
 
     def keep(current: DataFrame) -> DataFrame:
@@ -126,5 +122,32 @@ def write_ledger(
         )
         return joined.filter(F.col("_hit").isNull()).select(*current.columns)
 
+    return engine.replace(frame, path, keep=keep, app_id=app_id, version=version)
+
+
+def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
+    """For writers that are not replays of a numbered batch (DQ, backfills): the next app version."""
+    done = engine.committed_version(path, app_id)
+    return 0 if done is None else done + 1
+
+
+def write_ledger(
+    spark: SparkSession,
+    settings: Settings,
+    engine: DeltaEngine,
+    rows: Iterable[LedgerRow],
+    *,
+    app_id: str,
+    version: int | None = None,
+) -> bool:
+    """Upsert ledger rows (by pipeline and window) in one atomic commit, idempotent per (app_id, version)."""
+    rows = list(rows)
+    if not rows:
+        return False
+    path = WINDOW_LEDGER.path(settings)
+    engine.ensure_table(path, WINDOW_LEDGER.schema)
+    frame = spark.createDataFrame([tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema)
     ordered = frame.coalesce(1).sortWithinPartitions("pipeline", "window_start", "window_end")
-    return engine.replace(ordered, path, keep=keep, app_id=app_id, version=version)
+    if version is None:
+        version = next_version(engine, path, app_id)
+    return replace_windows(spark, engine, path, ordered, [r.key for r in rows], app_id=app_id, version=version)

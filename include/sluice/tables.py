@@ -131,3 +131,35 @@ def all_ingest_tables(settings: Settings) -> list[TableDef]:
     for spec in settings.streams.values():
         tables.extend(stream_tables(spec))
     return tables
+
+
+DQ_RESULTS = TableDef(
+    "ops/dq_results",
+    StructType(
+        _fields(
+            ("pipeline", StringType()),
+            ("window_start", TimestampType()),
+            ("window_end", TimestampType()),
+            ("expectation", StringType()),
+            ("observed_value", StringType()),
+            ("success", BooleanType()),
+            ("validated_at", TimestampType()),
+            ("docs_path", StringType()),
+        )
+    ),
+)
+
+ALERTS = TableDef(
+    "ops/alerts",
+    StructType(
+        _fields(
+            ("pipeline", StringType()),
+            ("window_start", TimestampType()),
+            ("window_end", TimestampType()),
+            ("raised_at", TimestampType()),
+            ("message", StringType()),
+            ("channels", StringType()),
+            ("failed_expectations", StringType()),
+        )
+    ),
+)

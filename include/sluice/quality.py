@@ -1,0 +1,244 @@
+"""Data quality per closed window (SPEC section 5), shared by cycles, backfills and the Airflow DQ task.
+
+For each window to check, Spark computes a handful of numbers (gold rows of the window, bronze and DLQ
+counts for the window, pruned to its event hours); Great Expectations then validates those small inputs,
+never a scan of raw data. Results go to ops/dq_results and Data Docs; the ledger becomes ``validated`` or
+``failed``; a failure raises exactly one alert (webhook and/or email) and writes a row to ops/alerts.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from sluice import tables
+from sluice.config import Settings
+from sluice.delta.engine import DeltaEngine
+from sluice.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
+from sluice.pipelines import PipelineDef
+
+log = logging.getLogger("sluice.quality")
+
+Window = tuple[datetime, datetime]
+
+# What "completeness" compares, per pipeline: (name, gold expression over the window's gold rows of the
+# main output, bronze stream, bronze expression over the window's bronze rows).
+COMPLETENESS: dict[str, list[tuple[str, str, str, str]]] = {
+    "ad_clicks_hourly": [("impressions", "sum(impressions)", "impressions", "count(DISTINCT impression_id)")],
+    "user_activity_hourly": [("users", "count(DISTINCT user_id)", "events", "count(DISTINCT user_id)")],
+}
+
+
+@dataclass
+class QualityReport:
+    pipeline: str
+    checked: list[Window] = field(default_factory=list)
+    failed: dict[Window, list[tuple[str, str]]] = field(default_factory=dict)
+    docs_index: Path | None = None
+    alerts_sent: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.failed
+
+
+def docs_dir(settings: Settings) -> Path:
+    return settings.home / "data_docs"
+
+
+def _utc(value: datetime) -> datetime:
+    return value.astimezone(UTC)
+
+
+def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
+    """Rows of ``df`` tagged with every window (of ``windows``) their event time falls in."""
+    spark = df.sparkSession
+    bounds = spark.createDataFrame([(s, e) for s, e in windows], "_ws timestamp, _we timestamp")
+    return df.join(
+        F.broadcast(bounds), (F.col(time_column) >= F.col("_ws")) & (F.col(time_column) < F.col("_we"))
+    )
+
+
+def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], bool]:
+    lo = min(s for s, _ in windows)
+    hi = max(e for _, e in windows)
+
+    def accept(values: Mapping[str, Any]) -> bool:
+        if values.get("event_date") is None:
+            return True
+        start = datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(
+            hours=int(values["event_hour"])
+        )
+        return start + timedelta(hours=1) > lo and start < hi
+
+    return accept
+
+
+class QualityChecker:
+    def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef):
+        self.spark = spark
+        self.settings = settings
+        self.engine = engine
+        self.pipeline = pipeline
+
+    def pending(self) -> list[Window]:
+        """Windows closed but not yet validated (including any left over by an interrupted cycle)."""
+        return [
+            (r.window_start, r.window_end)
+            for r in read_ledger(self.settings, self.pipeline.name)
+            if r.state == "closed"
+        ]
+
+    def check(self, windows: Sequence[Window] | None = None, *, final_state: str | None = None) -> QualityReport:
+        """Validate ``windows`` (default: all pending). ``final_state`` overrides the ledger state written
+        on success (backfills mark windows ``reprocessed``)."""
+        from sluice.dq import WindowValidator
+
+        windows = sorted(set(windows if windows is not None else self.pending()))
+        report = QualityReport(self.pipeline.name)
+        if not windows:
+            return report
+        for table in (tables.DQ_RESULTS, tables.ALERTS):
+            self.engine.ensure_table(table.path(self.settings), table.schema)
+        inputs = self._inputs(windows)
+        validator = WindowValidator(
+            docs_dir(self.settings),
+            window_seconds=int(self.pipeline.window.size.total_seconds()),
+        )
+        main = self.pipeline.outputs[0]
+        results = []
+        for window in windows:
+            gold, completeness, late, total = inputs[window]
+            validation = validator.validate(
+                self.pipeline.name, window[0], window[1], gold, key=main.key,
+                count_columns=[m for m in main.metrics if m not in ("ctr", "avg_events_per_10min")],
+                completeness=completeness, late_rows=late, total_rows=total,
+            )
+            results.append((window, validation, late))
+            report.checked.append(window)
+            if not validation.success:
+                report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
+        report.docs_index = validator.build_docs()
+        self._record(results, report, final_state)
+        return report
+
+    # -- inputs ---------------------------------------------------------------------------------------
+    def _inputs(self, windows: Sequence[Window]):
+        main = self.pipeline.outputs[0]
+        gold = self.engine.read(main.table.path(self.settings))
+        bounds = self.spark.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
+        # The window's gold rows are the small output GE validates (one row per key of one window).
+        gold_rows: Any = gold.join(F.broadcast(bounds), ["window_start", "window_end"]).toPandas()
+        for column in ("window_start", "window_end"):
+            if gold_rows[column].dt.tz is None:
+                gold_rows[column] = gold_rows[column].dt.tz_localize("UTC")
+        specs = COMPLETENESS.get(self.pipeline.name, [])
+        gold_totals: dict[tuple[str, Window], int] = {}
+        for name, gold_expr, _stream, _bronze_expr in specs:
+            for r in (
+                gold.join(F.broadcast(bounds), ["window_start", "window_end"])
+                .groupBy("window_start", "window_end")
+                .agg(F.expr(gold_expr).alias("n"))
+                .collect()
+            ):
+                gold_totals[(name, (_utc(r["window_start"]), _utc(r["window_end"])))] = int(r["n"] or 0)
+        bronze_totals: dict[tuple[str, Window], int] = {}
+        for name, _gold_expr, stream, bronze_expr in specs:
+            bronze = self.engine.read(
+                tables.bronze(self.settings.stream(stream)).path(self.settings), files=_hour_pruner(windows)
+            ).filter(~F.col("is_heartbeat"))
+            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").agg(F.expr(bronze_expr).alias("n")).collect():
+                bronze_totals[(name, (_utc(r["_ws"]), _utc(r["_we"])))] = int(r["n"])
+        records: dict[Window, int] = {}
+        late: dict[Window, int] = {}
+        for stream in self.pipeline.streams:
+            spec = self.settings.stream(stream)
+            bronze = self.engine.read(
+                tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
+            ).filter(~F.col("is_heartbeat"))
+            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").count().collect():
+                w = (_utc(r["_ws"]), _utc(r["_we"]))
+                records[w] = records.get(w, 0) + int(r["count"])
+            dlq = self.engine.read(tables.dlq(spec).path(self.settings))
+            for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
+                w = (_utc(r["_ws"]), _utc(r["_we"]))
+                late[w] = late.get(w, 0) + int(r["count"])
+        out = {}
+        for window in windows:
+            start, end = window
+            rows = gold_rows[(gold_rows["window_start"] == start) & (gold_rows["window_end"] == end)]
+            completeness = {
+                name: (gold_totals.get((name, window), 0), bronze_totals.get((name, window), 0))
+                for name, *_rest in specs
+            }
+            n_late = late.get(window, 0)
+            out[window] = (rows.reset_index(drop=True), completeness, n_late, records.get(window, 0) + n_late)
+        return out
+
+    # -- outputs --------------------------------------------------------------------------------------
+    def _record(self, results, report: QualityReport, final_state: str | None) -> None:
+        from sluice.alerts import Alert, send_alert
+
+        now = self.settings.now()
+        name = self.pipeline.name
+        docs = str(report.docs_index) if report.docs_index else None
+        dq_rows = [
+            (name, w[0], w[1], o.expectation, o.observed_value, o.success, now,
+             str(v.docs_path) if v.docs_path else docs)
+            for w, v, _late in results
+            for o in v.outcomes
+        ]
+        path = tables.DQ_RESULTS.path(self.settings)
+        frame = self.spark.createDataFrame(dq_rows, tables.DQ_RESULTS.schema).coalesce(1).sortWithinPartitions(
+            "pipeline", "window_start", "expectation"
+        )
+        app = f"sluice.dq.{name}"
+        replace_windows(self.spark, self.engine, path, frame, [(name, w[0], w[1]) for w, _v, _l in results],
+                        app_id=app, version=next_version(self.engine, path, app))
+
+        ledger = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, name)}
+        updated = []
+        alert_rows = []
+        for window, validation, n_late in results:
+            row = ledger.get(window) or LedgerRow(
+                name, window[0], window[1], "closed", None, len(validation.outcomes), n_late, now, now
+            )
+            row.late_rows = n_late
+            row.updated_at = now
+            if validation.success:
+                row.state = final_state or "validated"
+                row.detail = None
+            else:
+                row.state = "failed"
+                row.detail = "; ".join(f"{o.expectation} ({o.observed_value})" for o in validation.failed)
+                alert = Alert(
+                    pipeline=name, window_start=window[0], window_end=window[1],
+                    failed=[{"expectation": o.expectation, "observed_value": o.observed_value}
+                            for o in validation.failed],
+                    docs_path=docs, raised_at=now,
+                )
+                channels = send_alert(alert)
+                report.alerts_sent.extend(channels)
+                log.warning("%s", alert.message)
+                alert_rows.append((name, window[0], window[1], now, alert.message, ",".join(channels),
+                                   json.dumps(alert.failed, sort_keys=True)))
+            updated.append(row)
+        write_ledger(self.spark, self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
+        if alert_rows:
+            alerts_path = tables.ALERTS.path(self.settings)
+            app_alerts = f"sluice.alerts.{name}"
+            self.engine.append(
+                self.spark.createDataFrame(alert_rows, tables.ALERTS.schema).coalesce(1), alerts_path,
+                app_id=app_alerts, version=next_version(self.engine, alerts_path, app_alerts),
+            )
+        passed = len(results) - len(report.failed)
+        log.info("%s: data quality on %d window(s): %d passed, %d failed; Data Docs: %s",
+                 name, len(results), passed, len(report.failed), docs or "-")
