@@ -53,9 +53,38 @@ def cmd_run(args: argparse.Namespace) -> int:
     from sluice.cycle import run_cycle
 
     settings = _settings(args)
-    result = run_cycle(settings, args.pipeline)
+    result = run_cycle(
+        settings, args.pipeline, check_quality=not args.skip_quality, deliver_alerts=not args.no_deliver
+    )
     print(result.render())
     return result.exit_code
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from sluice.cycle import run_quality
+
+    report = run_quality(_settings(args), args.pipeline, deliver_alerts=not args.no_deliver)
+    print(f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
+          f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}")
+    for (start, _end), failures in sorted(report.failed.items()):
+        print(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+    # Failing windows are recorded and alerted; only --strict turns them into a failing exit code.
+    return EXIT_DQ_FAILED if report.failed and args.strict else EXIT_OK
+
+
+def cmd_ingest(args: argparse.Namespace) -> int:
+    from sluice.delta.engine import get_engine
+    from sluice.ingest import run_ingest
+    from sluice.report import accounting_table
+    from sluice.spark import get_spark
+
+    settings = _settings(args)
+    for stream in args.streams:
+        settings.stream(stream)  # unknown names fail before the JVM starts
+    spark = get_spark(settings, "sluice-ingest")
+    run_ingest(spark, settings, get_engine(spark), args.streams)
+    print(accounting_table(settings, args.streams))
+    return EXIT_OK
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
@@ -80,6 +109,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(_settings(args))
 
 
+def _flag(value: str) -> bool:
+    lowered = str(value).strip().lower()
+    if lowered in {"true", "1", "yes"}:
+        return True
+    if lowered in {"false", "0", "no", ""}:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -95,13 +133,30 @@ def build_parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help="one full cycle of a pipeline without Airflow")
     run.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
     run.add_argument("--now", help="injectable 'now' (RFC 3339); default $SLUICE_NOW or the clock")
+    run.add_argument("--skip-quality", action="store_true", help="ingest and aggregate only (DQ runs later)")
+    run.add_argument("--no-deliver", action="store_true", help="record alerts but leave delivery to `alerts`")
     run.set_defaults(func=cmd_run)
+
+    check = sub.add_parser("check", help="validate closed windows that are not validated yet")
+    check.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
+    check.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    check.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
+    check.add_argument("--strict", action="store_true", help="exit 2 when a window fails")
+    check.set_defaults(func=cmd_check)
+
+    ingest = sub.add_parser("ingest", help="ingest landing streams into bronze only")
+    ingest.add_argument("streams", nargs="+", help="stream names, e.g. impressions clicks")
+    ingest.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    ingest.set_defaults(func=cmd_ingest)
 
     backfill = sub.add_parser("backfill", help="recompute a range of closed windows from bronze")
     backfill.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
     backfill.add_argument("--start", required=True, help="first window start, RFC 3339 (inclusive)")
     backfill.add_argument("--end", required=True, help="range end, RFC 3339 (exclusive)")
-    backfill.add_argument("--include-late", action="store_true", help="also bring in the DLQ records")
+    backfill.add_argument(
+        "--include-late", nargs="?", const="true", default="false", type=_flag,
+        help="also bring in the DLQ records (a bare flag, or true/false)",
+    )
     backfill.add_argument("--now", help="injectable 'now' (RFC 3339)")
     backfill.set_defaults(func=cmd_backfill)
 

@@ -59,7 +59,12 @@ class CycleResult:
 
 
 def run_cycle(
-    settings: Settings, pipeline: str, spark: SparkSession | None = None, *, check_quality: bool = True
+    settings: Settings,
+    pipeline: str,
+    spark: SparkSession | None = None,
+    *,
+    check_quality: bool = True,
+    deliver_alerts: bool = True,
 ) -> CycleResult:
     """Ingest the pipeline's streams, aggregate closed windows, validate them. ``check_quality=False``
     leaves the validation to a separate step (the Airflow DAG runs it as its own task)."""
@@ -73,8 +78,22 @@ def run_cycle(
         batches = run_ingest(spark, settings, engine, streams)
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = run_pipeline(spark, settings, engine, definition)
-        quality = QualityChecker(spark, settings, engine, definition).check() if check_quality else None
+        quality = (
+            QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)
+            if check_quality
+            else None
+        )
     result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started)
     result.quality = quality
     result.failed_windows = len(quality.failed) if quality else 0
     return result
+
+
+def run_quality(
+    settings: Settings, pipeline: str, spark: SparkSession | None = None, *, deliver_alerts: bool = True
+) -> QualityReport:
+    """The DQ step on its own (the DAG's check_quality task): every window closed but not yet validated."""
+    definition = get_pipeline(pipeline, settings.window_for(pipeline))
+    spark = spark or get_spark(settings, f"sluice-dq-{pipeline}")
+    with pipeline_lock(settings, pipeline, purpose="data quality"):
+        return QualityChecker(spark, settings, get_engine(spark), definition).check(deliver=deliver_alerts)

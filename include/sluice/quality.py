@@ -82,6 +82,41 @@ def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], boo
     return accept
 
 
+PENDING = "pending"
+
+
+def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
+    """Send the alerts that a DQ step recorded but did not deliver, then mark them delivered. Pure delta-rs
+    (no Spark): this runs in the Airflow worker. Returns the messages delivered."""
+    from deltalake import DeltaTable
+
+    from sluice.alerts import Alert, send_alert
+    from sluice.delta.engine import read_small_table
+
+    path = tables.ALERTS.path(settings)
+    data = read_small_table(path)
+    if data is None:
+        return []
+    sent = []
+    for row in data.to_pylist():
+        if row["pipeline"] != pipeline or row["channels"] != PENDING:
+            continue
+        alert = Alert(
+            pipeline=row["pipeline"], window_start=row["window_start"], window_end=row["window_end"],
+            failed=json.loads(row["failed_expectations"] or "[]"),
+            docs_path=str(docs_dir(settings) / "index.html"), raised_at=row["raised_at"],
+        )
+        channels = send_alert(alert)
+        start = row["window_start"].strftime("%Y-%m-%d %H:%M:%S")
+        DeltaTable(str(path)).update(
+            updates={"channels": f"'{','.join(channels) or 'none'}'"},
+            predicate=(f"pipeline = '{pipeline}' AND channels = '{PENDING}' "
+                       f"AND window_start = TIMESTAMP '{start}+00:00'"),
+        )
+        sent.append(alert.message)
+    return sent
+
+
 class QualityChecker:
     def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef):
         self.spark = spark
@@ -97,9 +132,12 @@ class QualityChecker:
             if r.state == "closed"
         ]
 
-    def check(self, windows: Sequence[Window] | None = None, *, final_state: str | None = None) -> QualityReport:
+    def check(
+        self, windows: Sequence[Window] | None = None, *, final_state: str | None = None, deliver: bool = True
+    ) -> QualityReport:
         """Validate ``windows`` (default: all pending). ``final_state`` overrides the ledger state written
-        on success (backfills mark windows ``reprocessed``)."""
+        on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
+        ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task)."""
         from sluice.dq import WindowValidator
 
         windows = sorted(set(windows if windows is not None else self.pending()))
@@ -127,7 +165,7 @@ class QualityChecker:
             if not validation.success:
                 report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
         report.docs_index = validator.build_docs()
-        self._record(results, report, final_state)
+        self._record(results, report, final_state, deliver)
         return report
 
     # -- inputs ---------------------------------------------------------------------------------------
@@ -184,7 +222,7 @@ class QualityChecker:
         return out
 
     # -- outputs --------------------------------------------------------------------------------------
-    def _record(self, results, report: QualityReport, final_state: str | None) -> None:
+    def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:
         from sluice.alerts import Alert, send_alert
 
         now = self.settings.now()
@@ -225,10 +263,11 @@ class QualityChecker:
                             for o in validation.failed],
                     docs_path=docs, raised_at=now,
                 )
-                channels = send_alert(alert)
+                channels = send_alert(alert) if deliver else []
                 report.alerts_sent.extend(channels)
                 log.warning("%s", alert.message)
-                alert_rows.append((name, window[0], window[1], now, alert.message, ",".join(channels),
+                alert_rows.append((name, window[0], window[1], now, alert.message,
+                                   ",".join(channels) if deliver else PENDING,
                                    json.dumps(alert.failed, sort_keys=True)))
             updated.append(row)
         write_ledger(self.spark, self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")

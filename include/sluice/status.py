@@ -1,19 +1,80 @@
-"""``sluice status``: watermarks, last arrivals and row counts per table, read from Delta metadata only
-(no Spark, so it answers in well under a second)."""
+"""``sluice status``: watermarks, the window ledger and row counts, read from Delta metadata only (no
+Spark, so it answers in about a second)."""
 
 from __future__ import annotations
 
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+
+import pyarrow as pa
+from deltalake import DeltaTable
+
 from sluice import tables
-from sluice.config import Settings
-from sluice.report import accounting_table, render_table, table_rows
+from sluice.config import PIPELINE_STREAMS, Settings
+from sluice.ledger import WINDOW_LEDGER, read_ledger
+from sluice.report import accounting_table, fmt_ts, render_table, table_rows
+
+
+def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
+    """Event hours present in bronze, from partition values in the Delta log."""
+    path = tables.bronze(settings.stream(stream)).path(settings)
+    if not DeltaTable.is_deltatable(str(path)):
+        return set()
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
+    hours = set()
+    for part in actions.column("partition").to_pylist() if actions.num_rows else []:
+        if part and part.get("event_date") is not None:
+            start = datetime.combine(part["event_date"], datetime.min.time(), UTC)
+            hours.add(start + timedelta(hours=part["event_hour"]))
+    return hours
+
+
+def ledger_summary(settings: Settings) -> str:
+    rows = []
+    for pipeline, streams in PIPELINE_STREAMS.items():
+        ledger = read_ledger(settings, pipeline)
+        states = Counter(r.state for r in ledger)
+        closed_starts = {r.window_start for r in ledger}
+        hours = set().union(*(_bronze_hours(settings, s) for s in streams))
+        last_closed = max((r.window_end for r in ledger), default=None)
+        open_hours = sorted(h for h in hours if h not in closed_starts and (last_closed is None or h >= last_closed))
+        rows.append([
+            pipeline,
+            len(open_hours),
+            states.get("closed", 0),
+            states.get("validated", 0),
+            states.get("failed", 0),
+            states.get("reprocessed", 0),
+            fmt_ts(last_closed),
+            fmt_ts(open_hours[0]) if open_hours else "-",
+        ])
+    return render_table(
+        ["pipeline", "open", "closed", "validated", "failed", "reprocessed", "closed up to", "oldest open"], rows
+    )
 
 
 def render_status(settings: Settings) -> str:
     streams = list(settings.streams)
-    out = [f"SLUICE_HOME={settings.home}", f"lake={settings.lake}", "", "streams (where every line went):",
-           accounting_table(settings, streams), "", "tables (rows):"]
+    out = [
+        f"SLUICE_HOME={settings.home}",
+        f"lake={settings.lake}",
+        "",
+        "streams (where every line went):",
+        accounting_table(settings, streams),
+        "",
+        "windows (ops/window_ledger):",
+        ledger_summary(settings),
+    ]
+    failed = [r for r in read_ledger(settings) if r.state == "failed"]
+    if failed:
+        out += ["", "failed windows:"]
+        out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in failed[-10:]]
+    out += ["", "tables (rows):"]
     rows = []
-    for table in tables.all_ingest_tables(settings):
+    from sluice.pipelines import PIPELINES
+
+    gold = [o.table for p in PIPELINES.values() for o in p.outputs]
+    for table in [*tables.all_ingest_tables(settings), *gold, WINDOW_LEDGER, tables.DQ_RESULTS, tables.ALERTS]:
         count = table_rows(table.path(settings))
         rows.append([table.name, "-" if count is None else count])
     out.append(render_table(["table", "rows"], rows))

@@ -1,0 +1,61 @@
+"""
+### sluice_maintenance
+
+Daily housekeeping of the lake, under each pipeline's lock so it never races a cycle or a backfill:
+
+* **compact**: bin-pack small files of every Delta table (delta-rs OPTIMIZE; `dataChange=false`, so the
+  streaming readers downstream see nothing new),
+* **vacuum**: delete files no longer referenced, older than the retention (default 7 days, never less
+  than 1 day: readers and time travel within that horizon stay safe); this also removes files left by a
+  crashed write,
+* **clean_checkpoints**: drop stale `_staging` leftovers and expired Delta log files; Spark itself keeps
+  only the last batches of each checkpoint and cleans RocksDB state.
+"""
+
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import dag, task
+
+from sluice.orchestration import DEFAULT_ARGS
+
+
+@dag(
+    dag_id="sluice_maintenance",
+    schedule="@daily",
+    start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    default_args=DEFAULT_ARGS,
+    tags=["sluice", "maintenance"],
+    doc_md=__doc__,
+)
+def sluice_maintenance() -> None:
+    @task(task_id="compact")
+    def compact_tables() -> dict[str, int]:
+        from sluice.config import load_settings
+        from sluice.maintenance import compact
+
+        return compact(load_settings())
+
+    @task(task_id="vacuum")
+    def vacuum_tables() -> dict[str, int]:
+        from sluice.config import load_settings
+        from sluice.maintenance import vacuum
+
+        return vacuum(load_settings())
+
+    @task(task_id="clean_checkpoints")
+    def clean() -> int:
+        from sluice.config import load_settings
+        from sluice.maintenance import clean_checkpoints
+
+        return clean_checkpoints(load_settings())
+
+    compact = compact_tables()
+    vacuum = vacuum_tables()
+    clean_checkpoints = clean()
+    compact >> vacuum >> clean_checkpoints
+
+
+sluice_maintenance()

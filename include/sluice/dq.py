@@ -1,0 +1,523 @@
+"""Data quality for one closed window (SPEC section 5), checked with a Great Expectations 1.x suite.
+
+GE never scans raw data here: the caller hands over the window's gold rows (a few hundred at most) and
+the window's totals (gold total vs bronze count per stream, late vs total rows), so a window validates in
+well under a second once the GE context exists.
+
+Two small frames are validated per window, each by its own suite:
+
+* ``<pipeline>.window_totals`` - one row of window-level numbers: completeness and lateness;
+* ``<pipeline>.gold_rows``     - the window's gold rows: validity (no null keys, ``0 <= ctr <= 1``,
+  counts >= 0, one-hour windows).
+
+They cannot share one batch: GE validates one dataframe per validation, and the totals must be checked
+even when the window has no gold rows at all.  Every GE expectation carries a ``sluice_outcome`` name in
+its ``meta``; the results are folded into one :class:`ExpectationOutcome` per name, which is what lands in
+``ops/dq_results``.
+
+Stores: suites and validation results are JSON files under ``store_dir`` (so the Data Docs index, built
+by any process, sees every window ever validated: GE's index builder deletes pages whose result is
+missing from the results store); validation definitions and the datasource live in memory (no shared
+YAML file for concurrent processes to fight over).  The Data Docs site is a plain directory of HTML.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+from urllib.parse import unquote, urlparse
+
+import pandas as pd
+
+if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
+    from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
+    from great_expectations.core.run_identifier import RunIdentifier
+    from great_expectations.data_context import AbstractDataContext
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+    from great_expectations.expectations import Expectation
+
+log = logging.getLogger(__name__)
+
+SITE_NAME = "sluice"
+_DATASOURCE = "sluice_dq"
+_TOTALS_ASSET = "window_totals"
+_GOLD_ASSET = "gold_rows"
+_OUTCOME_META = "sluice_outcome"
+_WINDOW_SECONDS_COLUMN = "window_seconds"
+_DLQ_SHARE_COLUMN = "dlq_share"
+_SAMPLE = 3  # offending values quoted in an observed value; GE's own page lists up to 20
+
+COMPLETENESS_PREFIX = "completeness:"
+NO_NULL_KEYS = "validity:no_null_keys"
+CTR_IN_RANGE = "validity:ctr_between_0_and_1"
+COUNTS_NON_NEGATIVE = "validity:counts_non_negative"
+LATENESS = "lateness:dlq_share_within_threshold"
+
+
+def window_length_outcome(window_seconds: int) -> str:
+    """The name of the window-length check: ``validity:window_is_one_hour`` for the SPEC's hour."""
+    return "validity:window_is_one_hour" if window_seconds == 3600 else f"validity:window_is_{window_seconds}s"
+
+
+@dataclass(frozen=True)
+class ExpectationOutcome:
+    """One row of ``ops/dq_results`` for a window: a stable name, what was seen, and the verdict."""
+
+    expectation: str
+    observed_value: str
+    success: bool
+
+
+@dataclass(frozen=True)
+class WindowValidation:
+    """Every outcome of one window's validation, plus the Data Docs page to look at."""
+
+    pipeline: str
+    window_start: datetime
+    window_end: datetime
+    outcomes: list[ExpectationOutcome]
+    # The page of the first failing suite (totals before gold rows), else the totals page. It exists on
+    # disk only after WindowValidator.build_docs().
+    docs_path: Path | None = None
+
+    @property
+    def success(self) -> bool:
+        return all(o.success for o in self.outcomes)
+
+    @property
+    def failed(self) -> list[ExpectationOutcome]:
+        return [o for o in self.outcomes if not o.success]
+
+
+# An observed-value formatter gets the GE results of one outcome's expectations (in suite order) and the
+# frame they ran on: a passing expectation reports no values, so numbers are read back from the frame.
+_Formatter = Callable[[list["ExpectationValidationResult"], pd.DataFrame], str]
+
+
+@dataclass
+class _Registered:
+    """A suite as registered in this process, with the signature it was built from."""
+
+    signature: tuple[object, ...]
+    suite_name: str
+    validation: Any  # gx.ValidationDefinition; Any keeps GE out of import time
+    formatters: dict[str, _Formatter] = field(default_factory=dict)
+
+
+class WindowValidator:
+    """Validates closed windows against SPEC section 5 with one long-lived GE context.
+
+    Creating the context (and importing GE) is the slow part, so build one validator per process and
+    call :meth:`validate` for every window, then :meth:`build_docs` once for the batch.
+    """
+
+    def __init__(
+        self,
+        docs_dir: Path,
+        *,
+        lateness_threshold: float = 0.01,
+        window_seconds: int = 3600,
+        store_dir: Path | None = None,
+    ) -> None:
+        if not 0 <= lateness_threshold <= 1:
+            raise ValueError(f"lateness_threshold must be within [0, 1], got {lateness_threshold!r}")
+        if window_seconds < 1:
+            raise ValueError(f"window_seconds must be >= 1, got {window_seconds!r}")
+        self.docs_dir = Path(docs_dir).absolute()
+        self.store_dir = Path(store_dir).absolute() if store_dir else self.docs_dir.parent / "gx_store"
+        self.lateness_threshold = float(lateness_threshold)
+        self.window_seconds = int(window_seconds)
+        self._context = _make_context(self.docs_dir, self.store_dir)
+        datasource = self._context.data_sources.add_pandas(_DATASOURCE)
+        self._totals_batch = datasource.add_dataframe_asset(_TOTALS_ASSET).add_batch_definition_whole_dataframe(
+            "whole"
+        )
+        self._gold_batch = datasource.add_dataframe_asset(_GOLD_ASSET).add_batch_definition_whole_dataframe("whole")
+        # The results store keys a result by batch id; GE does not return it, so learn it once per asset.
+        self._batch_ids = {
+            _TOTALS_ASSET: self._totals_batch.get_batch(batch_parameters={"dataframe": pd.DataFrame()}).id,
+            _GOLD_ASSET: self._gold_batch.get_batch(batch_parameters={"dataframe": pd.DataFrame()}).id,
+        }
+        self._registered: dict[str, _Registered] = {}
+        self._pending: list[ValidationResultIdentifier] = []
+
+    # ------------------------------------------------------------------ validation
+
+    def validate(
+        self,
+        pipeline: str,
+        window_start: datetime,
+        window_end: datetime,
+        gold: pd.DataFrame,
+        *,
+        key: str,
+        count_columns: Sequence[str],
+        completeness: Mapping[str, tuple[int, int]],
+        late_rows: int,
+        total_rows: int,
+    ) -> WindowValidation:
+        """Validate one closed window; see the module docstring for what is checked and how."""
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        counts = list(dict.fromkeys(count_columns))  # a column named twice is checked once
+        frame = _gold_frame(gold, key=key, count_columns=counts)
+        totals = _totals_frame(completeness, late_rows=late_rows, total_rows=total_rows)
+        # One run per window: both results sit together under this run name in the Data Docs index. The
+        # run time is the wall clock so that a reprocessed window keeps its earlier results as history.
+        run_id = RunIdentifier(
+            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=datetime.now(UTC)
+        )
+
+        totals_suite = self._totals_suite(pipeline, list(completeness), completeness)
+        gold_suite = self._gold_suite(pipeline, key, counts, has_ctr="ctr" in frame.columns,
+                                      has_impressions="impressions" in frame.columns)
+        outcomes: list[ExpectationOutcome] = []
+        pages: list[tuple[bool, ValidationResultIdentifier]] = []
+        for registered, data, asset in ((totals_suite, totals, _TOTALS_ASSET), (gold_suite, frame, _GOLD_ASSET)):
+            result = self._run(registered, data, run_id)
+            outcomes.extend(_fold(result, data, registered.formatters))
+            pages.append((bool(result.success), self._result_id(registered.suite_name, run_id, asset)))
+        self._pending.extend(rid for _, rid in pages)
+        page = next((rid for ok, rid in pages if not ok), pages[0][1])
+        return WindowValidation(pipeline, window_start, window_end, outcomes, self._page_path(page))
+
+    def _run(
+        self, registered: _Registered, data: pd.DataFrame, run_id: RunIdentifier
+    ) -> ExpectationSuiteValidationResult:
+        from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
+
+        try:
+            return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id)
+        except ResourceFreshnessAggregateError:
+            # Another process rewrote the shared suite file with a different signature (e.g. a window
+            # whose gold frame had no ctr column): write ours back and run again.
+            log.info("suite %s changed on disk; re-registering it", registered.suite_name)
+            self._context.suites.add_or_update(registered.validation.suite)
+            registered.validation = self._context.validation_definitions.add_or_update(registered.validation)
+            result: ExpectationSuiteValidationResult = registered.validation.run(
+                batch_parameters={"dataframe": data}, run_id=run_id
+            )
+            return result
+
+    # ------------------------------------------------------------------ suites
+
+    def _totals_suite(
+        self, pipeline: str, names: list[str], completeness: Mapping[str, tuple[int, int]]
+    ) -> _Registered:
+        import great_expectations as gx
+
+        signature: tuple[object, ...] = (tuple(names), self.lateness_threshold)
+        name = f"{pipeline}.{_TOTALS_ASSET}"
+        known = self._registered.get(name)
+        if known and known.signature == signature:
+            return known
+        expectations: list[Expectation] = []
+        formatters: dict[str, _Formatter] = {}
+        for stream in names:
+            outcome = f"{COMPLETENESS_PREFIX}{stream}"
+            expectations.append(gx.expectations.ExpectColumnPairValuesToBeEqual(
+                column_A=f"{stream}_gold_total", column_B=f"{stream}_bronze_count", meta={_OUTCOME_META: outcome},
+            ))
+            formatters[outcome] = _format_completeness
+        expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
+            column=_DLQ_SHARE_COLUMN, min_value=0, max_value=self.lateness_threshold, meta={_OUTCOME_META: LATENESS},
+        ))
+        formatters[LATENESS] = _format_share
+        notes = [
+            "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
+            f"SPEC 5 lateness: DLQ rows / all rows of the window <= {self.lateness_threshold:g}.",
+        ]
+        return self._register(name, signature, self._totals_batch, expectations, formatters, notes)
+
+    def _gold_suite(
+        self, pipeline: str, key: str, counts: list[str], *, has_ctr: bool, has_impressions: bool
+    ) -> _Registered:
+        import great_expectations as gx
+        from great_expectations.expectations.row_conditions import Column
+
+        signature: tuple[object, ...] = (key, tuple(counts), has_ctr, has_impressions, self.window_seconds)
+        name = f"{pipeline}.{_GOLD_ASSET}"
+        known = self._registered.get(name)
+        if known and known.signature == signature:
+            return known
+        ex = gx.expectations
+        expectations: list[Expectation] = [
+            ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: NO_NULL_KEYS})
+            for column in (key, "window_start", "window_end")
+        ]
+        formatters: dict[str, _Formatter] = {NO_NULL_KEYS: _format_nulls}
+        if has_ctr:
+            expectations.append(ex.ExpectColumnValuesToBeBetween(
+                column="ctr", min_value=0, max_value=1, meta={_OUTCOME_META: CTR_IN_RANGE},
+            ))
+            if has_impressions:
+                # ctr is clicks / impressions: null is right only when there were no impressions.
+                expectations.append(ex.ExpectColumnValuesToNotBeNull(
+                    column="ctr", row_condition=Column("impressions") > 0, meta={_OUTCOME_META: CTR_IN_RANGE},
+                ))
+            formatters[CTR_IN_RANGE] = _format_ctr
+        for column in counts:
+            expectations.append(ex.ExpectColumnValuesToBeBetween(
+                column=column, min_value=0, meta={_OUTCOME_META: COUNTS_NON_NEGATIVE},
+            ))
+        if counts:
+            formatters[COUNTS_NON_NEGATIVE] = _format_negatives
+        length = window_length_outcome(self.window_seconds)
+        expectations.append(ex.ExpectColumnValuesToBeBetween(
+            column=_WINDOW_SECONDS_COLUMN, min_value=self.window_seconds, max_value=self.window_seconds,
+            meta={_OUTCOME_META: length},
+        ))
+        formatters[length] = _format_window_length(self.window_seconds)
+        notes = [
+            "SPEC 5 validity on the window's gold rows: no null keys, 0 <= ctr <= 1 (null only without"
+            " impressions), counts >= 0, and window_end - window_start equal to one window.",
+            f"`{_WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
+        ]
+        return self._register(name, signature, self._gold_batch, expectations, formatters, notes)
+
+    def _register(
+        self,
+        name: str,
+        signature: tuple[object, ...],
+        batch_definition: Any,
+        expectations: list[Expectation],
+        formatters: dict[str, _Formatter],
+        notes: list[str],
+    ) -> _Registered:
+        import great_expectations as gx
+
+        # add_or_update: the suite file may already exist from an earlier process (the store is shared).
+        suite = self._context.suites.add_or_update(gx.ExpectationSuite(name=name, expectations=expectations,
+                                                                       notes=notes))
+        validation = self._context.validation_definitions.add_or_update(
+            gx.ValidationDefinition(name=name, data=batch_definition, suite=suite)
+        )
+        registered = _Registered(signature, name, validation, formatters)
+        self._registered[name] = registered
+        return registered
+
+    # ------------------------------------------------------------------ Data Docs
+
+    def _result_id(self, suite_name: str, run_id: RunIdentifier, asset: str) -> ValidationResultIdentifier:
+        from great_expectations.data_context.types.resource_identifiers import (
+            ExpectationSuiteIdentifier,
+            ValidationResultIdentifier,
+        )
+
+        return ValidationResultIdentifier(ExpectationSuiteIdentifier(name=suite_name), run_id, self._batch_ids[asset])
+
+    def _page_path(self, resource: ValidationResultIdentifier | None) -> Path | None:
+        urls = self._context.get_docs_sites_urls(resource_identifier=resource, site_name=SITE_NAME,
+                                                 only_if_exists=False)
+        url = urls[0].get("site_url") if urls else None
+        return Path(unquote(urlparse(url).path)) if url else None
+
+    def build_docs(self) -> Path:
+        """Render the pages of every validation since the last call, the suites, and the index.
+
+        Incremental on purpose: GE renders every stored result when given no resource list, and the
+        store keeps every window ever validated.
+        """
+        from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
+
+        suites: list[ExpectationSuiteIdentifier] = [ExpectationSuiteIdentifier(name=n) for n in self._registered]
+        resources: list[Any] = [*suites, *self._pending]
+        # An empty list means "render everything" to GE; with nothing new, only the index is refreshed.
+        self._context.build_data_docs(site_names=[SITE_NAME], resource_identifiers=resources or None,
+                                      build_index=True)
+        self._pending.clear()
+        return self.docs_dir / "index.html"
+
+
+# ---------------------------------------------------------------------- context
+
+
+def _make_context(docs_dir: Path, store_dir: Path) -> AbstractDataContext:
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import (
+        DataContextConfig,
+        InMemoryStoreBackendDefaults,
+        ProgressBarsConfig,
+    )
+
+    def on_disk(sub: str) -> dict[str, str]:
+        return {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(store_dir / sub)}
+
+    in_memory = {"class_name": "InMemoryStoreBackend"}
+    config = DataContextConfig(
+        store_backend_defaults=InMemoryStoreBackendDefaults(),
+        stores={
+            "expectations_store": {"class_name": "ExpectationsStore", "store_backend": on_disk("expectations")},
+            "validation_results_store": {
+                "class_name": "ValidationResultsStore",
+                "store_backend": on_disk("validations"),
+            },
+            "checkpoint_store": {"class_name": "CheckpointStore", "store_backend": in_memory},
+            "validation_definition_store": {"class_name": "ValidationDefinitionStore", "store_backend": in_memory},
+        },
+        data_docs_sites={
+            SITE_NAME: {
+                "class_name": "SiteBuilder",
+                "show_how_to_buttons": False,
+                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+            }
+        },
+        analytics_enabled=False,
+        # tqdm bars per validation would flood the Airflow task log.
+        progress_bars=ProgressBarsConfig(globally=False),
+    )
+    return gx.get_context(mode="ephemeral", project_config=config)
+
+
+# ---------------------------------------------------------------------- frames
+
+
+def _utc(ts: datetime) -> datetime:
+    return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
+
+
+def _gold_frame(gold: pd.DataFrame, *, key: str, count_columns: Sequence[str]) -> pd.DataFrame:
+    """The columns the gold suite reads, plus the derived window length in seconds.
+
+    A column missing from a non-empty frame is left missing, so its expectations fail with GE's
+    "column does not exist"; an empty frame gets the columns it lacks, so zero rows validate cleanly.
+    """
+    wanted = [key, "window_start", "window_end", *count_columns]
+    wanted += [c for c in ("ctr", "impressions") if c in gold.columns and c not in wanted]
+    wanted = list(dict.fromkeys(wanted))
+    if gold.empty:
+        frame = gold.reindex(columns=wanted).reset_index(drop=True)
+    else:
+        frame = gold[[c for c in wanted if c in gold.columns]].reset_index(drop=True)
+    if {"window_start", "window_end"} <= set(frame.columns):
+        start = pd.to_datetime(frame["window_start"], utc=True)
+        end = pd.to_datetime(frame["window_end"], utc=True)
+        frame[_WINDOW_SECONDS_COLUMN] = (end - start).dt.total_seconds()
+    return frame
+
+
+def _totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int, total_rows: int) -> pd.DataFrame:
+    row: dict[str, int | float] = {}
+    for stream, (gold_total, bronze_count) in completeness.items():
+        row[f"{stream}_gold_total"] = int(gold_total)
+        row[f"{stream}_bronze_count"] = int(bronze_count)
+    row["late_rows"] = int(late_rows)
+    row["total_rows"] = int(total_rows)
+    row[_DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
+    return pd.DataFrame([row])
+
+
+# ---------------------------------------------------------------------- results
+
+
+def _fold(
+    result: ExpectationSuiteValidationResult, data: pd.DataFrame, formatters: Mapping[str, _Formatter]
+) -> list[ExpectationOutcome]:
+    """One outcome per ``sluice_outcome`` name, in suite order: success only if all its parts passed."""
+    grouped: dict[str, list[ExpectationValidationResult]] = {}
+    for part in result.results:
+        meta = part.expectation_config.meta if part.expectation_config else None
+        name = (meta or {}).get(_OUTCOME_META)
+        if name:
+            grouped.setdefault(str(name), []).append(part)
+    outcomes = []
+    for name, parts in grouped.items():
+        success = all(bool(p.success) for p in parts)
+        errors = [e for p in parts if (e := _error(p))]
+        observed = "error: " + "; ".join(dict.fromkeys(errors)) if errors else formatters[name](parts, data)
+        outcomes.append(ExpectationOutcome(name, observed, success))
+    return outcomes
+
+
+def _error(part: ExpectationValidationResult) -> str | None:
+    """GE's exception message when an expectation could not be evaluated (e.g. a missing column)."""
+    info = part.exception_info or {}
+    # Flat when the expectation itself raised; keyed by metric id when a metric failed to resolve.
+    candidates = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
+    for item in candidates:
+        if item.get("raised_exception"):
+            return str(item.get("exception_message") or "exception").strip()
+    return None
+
+
+def _unexpected(part: ExpectationValidationResult) -> tuple[int, list[Any]]:
+    res = part.result or {}
+    return int(res.get("unexpected_count") or 0), list(res.get("partial_unexpected_list") or [])
+
+
+def _num(value: Any) -> str:
+    """Render a number without float noise: 7200.0 -> 7200, nan -> null."""
+    if value is None:
+        return "null"
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return str(value)
+    if math.isnan(number):
+        return "null"
+    return str(int(number)) if number.is_integer() else f"{number:.6g}"
+
+
+def _sample(values: list[Any]) -> str:
+    shown = ", ".join(_num(v) for v in values[:_SAMPLE])
+    return shown + (", ..." if len(values) > _SAMPLE else "")
+
+
+def _column(part: ExpectationValidationResult) -> str:
+    kwargs = part.expectation_config.kwargs if part.expectation_config else {}
+    return str(kwargs.get("column", "?"))
+
+
+def _first_value(data: pd.DataFrame, column: str) -> str:
+    return _num(data[column].iloc[0]) if column in data.columns and len(data) else "missing"
+
+
+def _format_completeness(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    kwargs = parts[0].expectation_config.kwargs if parts[0].expectation_config else {}
+    gold = _first_value(data, str(kwargs.get("column_A")))
+    bronze = _first_value(data, str(kwargs.get("column_B")))
+    return f"gold={gold} bronze={bronze}"
+
+
+def _format_share(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    return _first_value(data, _DLQ_SHARE_COLUMN)
+
+
+def _format_nulls(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    per_column = {_column(p): _unexpected(p)[0] for p in parts}
+    total = sum(per_column.values())
+    detail = ", ".join(f"{c}: {n}" for c, n in per_column.items() if n)
+    return f"{total} null{'' if total == 1 else 's'}" + (f" ({detail})" if detail else "")
+
+
+def _format_ctr(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    out_of_range, values = _unexpected(parts[0])
+    text = f"{out_of_range} outside [0, 1]" + (f" ({_sample(values)})" if values else "")
+    if len(parts) > 1:
+        text += f"; {_unexpected(parts[1])[0]} null with impressions > 0"
+    return text
+
+
+def _format_negatives(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    found = [(_column(p), *_unexpected(p)) for p in parts]
+    total = sum(n for _, n, _ in found)
+    detail = ", ".join(f"{c}: {_sample(v)}" for c, n, v in found if n)
+    return f"{total} negative" + (f" ({detail})" if detail else "")
+
+
+def _format_window_length(window_seconds: int) -> _Formatter:
+    def fmt(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+        wrong, values = _unexpected(parts[0])
+        rows = int((parts[0].result or {}).get("element_count") or 0)
+        return f"{wrong} of {rows} rows != {window_seconds}s" + (f" ({_sample(values)})" if values else "")
+
+    return fmt
