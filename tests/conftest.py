@@ -2,6 +2,20 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
+from pathlib import Path as _Path
+
+# Airflow reads its configuration when first imported, so a private AIRFLOW_HOME (SQLite, no examples, the
+# repo's dags/ and plugins/) must be in place before any test module imports it. Tests never touch the
+# developer's ~/airflow.
+_REPO = _Path(__file__).resolve().parents[1]
+os.environ["AIRFLOW_HOME"] = tempfile.mkdtemp(prefix="sluice-airflow-")
+os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_REPO / "dags")
+os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(_REPO / "plugins")
+os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
+os.environ.setdefault("TZ", "UTC")
+
 from collections.abc import Iterator
 from pathlib import Path
 

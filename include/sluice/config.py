@@ -165,6 +165,8 @@ class Settings:
     max_files_per_trigger: int = 1000
     shuffle_partitions: int = 4
     spark_master: str = "local[2]"
+    # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
+    lateness_threshold: float = 0.01
     # pipeline -> (window size, hop); hop None = tumbling. Default: hourly tumbling windows.
     windows: Mapping[str, tuple[timedelta, timedelta | None]] = field(default_factory=dict)
 
@@ -220,7 +222,13 @@ def _with_duration(spec: StreamSpec, key: str, value: timedelta) -> StreamSpec:
     return replace(spec, idle_timeout=value)
 
 
-_GLOBAL_KEYS = ("dedup_retention", "max_files_per_trigger", "shuffle_partitions", "spark_master")
+_GLOBAL_KEYS = (
+    "dedup_retention",
+    "max_files_per_trigger",
+    "shuffle_partitions",
+    "spark_master",
+    "lateness_threshold",
+)
 
 
 def load_settings(
@@ -273,6 +281,16 @@ def load_settings(
     for key in ("max_files_per_trigger", "shuffle_partitions"):
         if key in values:
             typed[key] = _positive_int(values[key], key)
+    if "lateness_threshold" in values:
+        try:
+            threshold = float(values["lateness_threshold"])
+        except ValueError:
+            threshold = -1.0
+        if not 0.0 <= threshold <= 1.0:
+            raise ConfigError(
+                f"lateness_threshold: {values['lateness_threshold']!r} must be a share between 0 and 1 (0.01 = 1%)"
+            )
+        typed["lateness_threshold"] = threshold
     if "spark_master" in values:
         typed["spark_master"] = str(values["spark_master"])
 

@@ -149,6 +149,7 @@ class QualityChecker:
         inputs = self._inputs(windows)
         validator = WindowValidator(
             docs_dir(self.settings),
+            lateness_threshold=self.settings.lateness_threshold,
             window_seconds=int(self.pipeline.window.size.total_seconds()),
         )
         main = self.pipeline.outputs[0]
