@@ -9,7 +9,7 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export TZ := UTC
 
-.PHONY: setup run test test-fast lint bench bench-smoke clean java-check
+.PHONY: setup run test test-fast lint bench bench-smoke clean java-check airflow
 
 java-check:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -24,6 +24,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+	# Airflow finds this repo's dags/ and plugins/ from any AIRFLOW_HOME (see sluice/airflow_defaults.py).
+	echo "import sluice.airflow_defaults" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_sluice_airflow.pth"
 	touch $(STAMP)
 
 run: setup
@@ -41,6 +43,10 @@ lint: setup
 
 bench: setup
 	$(BIN)/python bench/run.py
+
+# The Airflow UI on http://localhost:8080 with sluice's DAGs (standalone: SQLite, one process tree).
+airflow: setup
+	AIRFLOW_HOME=$${AIRFLOW_HOME:-$(SLUICE_HOME)/airflow} $(BIN)/airflow standalone
 
 clean:
 	rm -rf .sluice .pytest_cache .mypy_cache .ruff_cache

@@ -277,3 +277,12 @@ def test_many_windows_through_one_validator(validator: WindowValidator) -> None:
     assert all(r.success for r in results)
     assert len({r.docs_path for r in results}) == len(results)
     print(f"\n{per_window * 1000:.0f} ms per window; build_docs for {len(windows)} windows: {docs_seconds:.2f} s")
+
+
+def test_suite_follows_the_columns_of_each_window(validator: WindowValidator) -> None:
+    no_ctr = Window(CLEAN.gold.drop(columns=["ctr"]), CLEAN.completeness)
+    bad_ctr = with_gold(CLEAN, ctr=[0.1, 1.5, None])
+
+    assert "validity:ctr_between_0_and_1" in by_name(run(validator, CLEAN))
+    assert "validity:ctr_between_0_and_1" not in by_name(run(validator, no_ctr))
+    assert [o.expectation for o in run(validator, bad_ctr).failed] == ["validity:ctr_between_0_and_1"]

@@ -200,7 +200,7 @@ class WindowValidator:
             # Another process rewrote the shared suite file with a different signature (e.g. a window
             # whose gold frame had no ctr column): write ours back and run again.
             log.info("suite %s changed on disk; re-registering it", registered.suite_name)
-            self._context.suites.add_or_update(registered.validation.suite)
+            # (add_or_update on the definition saves its suite too.)
             registered.validation = self._context.validation_definitions.add_or_update(registered.validation)
             result: ExpectationSuiteValidationResult = registered.validation.run(
                 batch_parameters={"dataframe": data}, run_id=run_id
@@ -308,9 +308,12 @@ class WindowValidator:
             suite = self._context.suites.add_or_update(
                 gx.ExpectationSuite(name=name, expectations=expectations, notes=notes)
             )
-        validation = self._context.validation_definitions.add_or_update(
-            gx.ValidationDefinition(name=name, data=batch_definition, suite=suite)
-        )
+        # Validation definitions live in this process's memory store. add_or_update would write the suite
+        # file again (GE always saves the suite with the definition), so replace the definition instead.
+        definitions = self._context.validation_definitions
+        if name in self._registered:
+            definitions.delete(name)
+        validation = definitions.add(gx.ValidationDefinition(name=name, data=batch_definition, suite=suite))
         registered = _Registered(signature, name, validation, formatters)
         self._registered[name] = registered
         return registered

@@ -1,0 +1,458 @@
+"""ad_clicks_hourly end to end through ``run_cycle`` (ingest + streaming aggregation), with real Spark and real
+Delta tables under tmp_path: gold against an independent DuckDB oracle over bronze, nothing emitted before the
+watermark passes window end + the 30 min join bound, nothing emitted twice, heartbeats never counted."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import duckdb_extension_delta
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from sluice.config import Settings, load_settings
+from sluice.cycle import run_cycle
+from sluice.generate import GenerateOptions, Manifest, generate
+from sluice.ingest import load_state
+from sluice.ledger import LedgerRow, read_ledger
+from sluice.pipelines import get_pipeline
+
+pytestmark = pytest.mark.spark
+
+PIPELINE = "ad_clicks_hourly"
+STREAMS = ("impressions", "clicks")
+HOUR = timedelta(hours=1)
+BOUND = timedelta(minutes=30)
+HEARTBEAT = "__heartbeat__"
+
+# Small, but with everything the join has to get right: disorder across files, duplicates, late and
+# malformed lines, about one click per impression (so many impressions get several clicks), clicks
+# outside the 30 min bound and clicks naming impressions that never existed.
+OPTIONS = GenerateOptions(
+    seed=23,
+    hours=2,
+    impressions_per_hour=70,
+    click_rate=1.0,
+    click_outside_share=0.15,
+    click_unknown_share=0.1,
+    ads=6,
+    users=15,
+    disorder=420,
+    duplicate_share=0.05,
+    late_share=0.03,
+    malformed_share=0.02,
+    streams=STREAMS,
+)
+
+AdRow = tuple[datetime, datetime, str, int, int, float | None]
+UnmatchedRow = tuple[datetime, datetime, str, int]
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def _table(settings: Settings, name: str) -> list[dict[str, Any]]:
+    path = settings.lake / name
+    if not DeltaTable.is_deltatable(str(path)):
+        return []
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def gold_ad(settings: Settings) -> list[AdRow]:
+    return sorted(
+        (r["window_start"], r["window_end"], r["ad_id"], r["impressions"], r["clicks"], r["ctr"])
+        for r in _table(settings, "gold/ad_clicks_hourly")
+    )
+
+
+def gold_unmatched(settings: Settings) -> list[UnmatchedRow]:
+    return sorted(
+        (r["window_start"], r["window_end"], r["ad_id"], r["unmatched_clicks"])
+        for r in _table(settings, "gold/unmatched_clicks_hourly")
+    )
+
+
+def _duckdb_extension() -> str:
+    found = glob.glob(os.path.dirname(duckdb_extension_delta.__file__) + "/**/*.duckdb_extension", recursive=True)
+    assert found, "duckdb_extension_delta ships no .duckdb_extension file"
+    return found[0]
+
+
+@dataclass
+class Oracle:
+    """The expected gold, computed with DuckDB straight from the bronze Delta tables (SPEC section 4)."""
+
+    ad: list[AdRow]
+    unmatched: list[UnmatchedRow]
+    bronze_clicks: int
+    matched_clicks: int
+    clicks_per_impression: Counter[int] = field(default_factory=Counter)
+    cross_hour_matches: int = 0  # matched clicks in another hour than their impression
+    outside_bound: int = 0  # unmatched clicks whose impression exists (outside the 30 min bound)
+    unknown_impression: int = 0  # unmatched clicks whose impression never existed
+    heartbeats: dict[str, int] = field(default_factory=dict)
+
+
+def oracle(settings: Settings) -> Oracle:
+    con = duckdb.connect()
+    try:
+        con.execute(f"LOAD '{_duckdb_extension()}'")
+        con.execute("SET TimeZone = 'UTC'")
+        for stream in STREAMS:
+            con.execute(
+                f"CREATE VIEW raw_{stream} AS SELECT * FROM delta_scan('{settings.lake / 'bronze' / stream}')"
+            )
+        con.execute("CREATE VIEW imp AS SELECT impression_id, ad_id, event_time FROM raw_impressions "
+                    "WHERE NOT is_heartbeat")
+        con.execute("CREATE VIEW clk AS SELECT click_id, impression_id, ad_id, event_time FROM raw_clicks "
+                    "WHERE NOT is_heartbeat")
+        # Bronze is deduplicated by id; the oracle relies on it, so check it.
+        for view, key in (("imp", "impression_id"), ("clk", "click_id")):
+            [(n, distinct)] = con.execute(f"SELECT count(*), count(DISTINCT {key}) FROM {view}").fetchall()
+            assert n == distinct, f"bronze {view} has duplicate ids"
+        con.execute(
+            """
+            CREATE VIEW pairs AS
+            SELECT c.click_id, c.event_time AS click_time, i.impression_id, i.event_time AS impression_time
+            FROM clk c JOIN imp i
+              ON c.impression_id = i.impression_id
+             AND i.event_time <= c.event_time
+             AND c.event_time <= i.event_time + INTERVAL 30 MINUTE
+            """
+        )
+        ad = con.execute(
+            """
+            SELECT date_trunc('hour', i.event_time) AS ws, i.ad_id,
+                   count(DISTINCT i.impression_id) AS impressions, count(DISTINCT p.click_id) AS clicks
+            FROM imp i LEFT JOIN pairs p ON p.impression_id = i.impression_id
+            GROUP BY ALL
+            """
+        ).fetchall()
+        unmatched = con.execute(
+            """
+            SELECT date_trunc('hour', c.event_time) AS ws, c.ad_id, count(*) AS n
+            FROM clk c WHERE c.click_id NOT IN (SELECT click_id FROM pairs)
+            GROUP BY ALL
+            """
+        ).fetchall()
+        [(bronze_clicks,)] = con.execute("SELECT count(*) FROM clk").fetchall()
+        [(matched,)] = con.execute("SELECT count(DISTINCT click_id) FROM pairs").fetchall()
+        per_impression = con.execute(
+            "SELECT count(p.click_id) FROM imp i LEFT JOIN pairs p USING (impression_id) GROUP BY i.impression_id"
+        ).fetchall()
+        [(cross_hour,)] = con.execute(
+            "SELECT count(*) FROM pairs WHERE date_trunc('hour', click_time) <> date_trunc('hour', impression_time)"
+        ).fetchall()
+        [(outside, unknown)] = con.execute(
+            """
+            SELECT count(*) FILTER (WHERE c.impression_id IN (SELECT impression_id FROM imp)),
+                   count(*) FILTER (WHERE c.impression_id NOT IN (SELECT impression_id FROM imp))
+            FROM clk c WHERE c.click_id NOT IN (SELECT click_id FROM pairs)
+            """
+        ).fetchall()
+        heartbeats = {
+            stream: con.execute(f"SELECT count(*) FROM raw_{stream} WHERE is_heartbeat").fetchall()[0][0]
+            for stream in STREAMS
+        }
+    finally:
+        con.close()
+
+    def aware(ts: datetime) -> datetime:
+        return ts.astimezone(UTC)
+
+    return Oracle(
+        ad=sorted(
+            (aware(ws), aware(ws) + HOUR, ad_id, imps, clicks, clicks / imps) for ws, ad_id, imps, clicks in ad
+        ),
+        unmatched=sorted((aware(ws), aware(ws) + HOUR, ad_id, n) for ws, ad_id, n in unmatched),
+        bronze_clicks=bronze_clicks,
+        matched_clicks=matched,
+        clicks_per_impression=Counter(n for (n,) in per_impression),
+        cross_hour_matches=cross_hour,
+        outside_bound=outside,
+        unknown_impression=unknown,
+        heartbeats=heartbeats,
+    )
+
+
+def cycle(spark: SparkSession, settings: Settings, now: datetime) -> Settings:
+    at = replace(settings, now_override=now)
+    run_cycle(at, PIPELINE, spark=spark)
+    return at
+
+
+def reveal(staging: Path, landing: Path, upto: datetime) -> None:
+    """Move generated files that have arrived by ``upto`` (their mtime) into the landing zone."""
+    for file in sorted(staging.glob("*/*.json*")):
+        if file.stat().st_mtime <= upto.timestamp():
+            target = landing / file.parent.name / file.name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(file, target)  # keeps the mtime
+
+
+def land(settings: Settings, stream: str, name: str, records: list[dict[str, Any]], arrival: datetime) -> None:
+    folder = settings.landing_dir(stream)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder / f".{name}.tmp"
+    tmp.write_text("".join(json.dumps(r) + "\n" for r in records))
+    final = folder / name
+    tmp.rename(final)
+    os.utime(final, (arrival.timestamp(), arrival.timestamp()))
+
+
+def iso(ts: datetime) -> str:
+    return ts.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def watermark(settings: Settings) -> datetime:
+    """The pipeline's input watermark: the smaller of its streams' ingest watermarks (Spark's min policy)."""
+    marks = [load_state(settings, s).watermark for s in STREAMS]
+    assert all(m is not None for m in marks)
+    return min(m for m in marks if m is not None)
+
+
+def windows_of(rows: list[AdRow] | list[UnmatchedRow]) -> set[tuple[datetime, datetime]]:
+    return {(r[0], r[1]) for r in rows}
+
+
+# ------------------------------------------------------------------------------------ 1. gold vs oracle
+@pytest.fixture(scope="module")
+def single_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Manifest]:
+    """All the data in one cycle, ``now`` three hours after the last file: idle heartbeats close everything."""
+    settings = load_settings({}, home=tmp_path_factory.mktemp("ad-single") / "home")
+    manifest = generate(settings.landing, OPTIONS, specs=settings.streams)
+    assert manifest.last_arrival is not None
+    settings = cycle(spark, settings, manifest.last_arrival + timedelta(hours=3))
+    return settings, manifest
+
+
+def test_gold_matches_an_independent_oracle(single_run: tuple[Settings, Manifest]) -> None:
+    settings, manifest = single_run
+    expected = oracle(settings)
+
+    # The data exercises what it is meant to (otherwise the comparison below proves little).
+    for stream in STREAMS:
+        assert manifest.streams[stream].duplicates > 0 and manifest.streams[stream].late > 0
+        assert manifest.streams[stream].quarantined_total > 0
+    assert max(expected.clicks_per_impression) >= 3, expected.clicks_per_impression
+    assert expected.clicks_per_impression[0] > 0 and expected.clicks_per_impression[2] > 0
+    assert expected.cross_hour_matches > 0
+    assert expected.outside_bound > 0 and expected.unknown_impression > 0
+    assert expected.bronze_clicks == manifest.streams["clicks"].accepted
+    assert all(n > 0 for n in expected.heartbeats.values())
+    assert len(windows_of(expected.ad)) == 2 and len(expected.ad) >= 10
+
+    # Exactly the oracle, every window, every row; ctr compared exactly as float division.
+    assert gold_ad(settings) == expected.ad
+    assert gold_unmatched(settings) == expected.unmatched
+
+    # Nothing lost: every bronze click is counted once, either matched or unmatched.
+    matched = sum(r[4] for r in gold_ad(settings))
+    unmatched = sum(r[3] for r in gold_unmatched(settings))
+    assert matched == expected.matched_clicks
+    assert matched + unmatched == expected.bronze_clicks
+
+
+def test_ledger_of_the_single_run(single_run: tuple[Settings, Manifest]) -> None:
+    settings, _ = single_run
+    ledger = read_ledger(settings, PIPELINE)
+    gold_windows = windows_of(gold_ad(settings)) | windows_of(gold_unmatched(settings))
+    assert {(r.window_start, r.window_end) for r in ledger} == gold_windows
+    assert len(ledger) == len(gold_windows)
+    per_window = Counter((r[0], r[1]) for r in [*gold_ad(settings), *gold_unmatched(settings)])
+    for row in ledger:
+        assert row.state == "closed"
+        assert row.rows == per_window[(row.window_start, row.window_end)]
+        assert row.closed_by_watermark is not None
+        assert row.closed_by_watermark >= row.window_end + BOUND
+
+
+# ----------------------------------------------------------------------- progressive cycles (tests 4, 5, 7)
+# New traffic after the streams went idle: it lands in the hour of an idle heartbeat (05:3x), after the
+# watermark that heartbeat set (05:2x).
+NEW_IMPRESSIONS = [
+    ("x1", "ad-new", "05:40:00"),
+    ("x2", "ad-new", "05:45:00"),
+    ("x3", "ad-001", "05:50:00"),
+]
+NEW_CLICKS = [
+    ("k1", "x1", "ad-new", "05:41:00"),
+    ("k2", "x1", "ad-new", "05:44:00"),  # a second click on x1: still one impression
+    ("k3", "x2", "ad-new", "05:52:00"),
+    ("k4", "nope", "ad-new", "05:48:00"),  # unknown impression: unmatched
+]
+NEW_HOUR = (datetime(2024, 5, 1, 5, tzinfo=UTC), datetime(2024, 5, 1, 6, tzinfo=UTC))
+NEW_ARRIVAL = datetime(2024, 5, 1, 5, 58, tzinfo=UTC)
+
+
+def _at(clock: str) -> datetime:
+    return datetime.fromisoformat(f"2024-05-01T{clock}+00:00")
+
+
+@dataclass
+class Snapshot:
+    label: str
+    now: datetime
+    watermark: datetime
+    ad: list[AdRow]
+    unmatched: list[UnmatchedRow]
+    ledger: list[LedgerRow]
+
+
+@dataclass
+class Progressive:
+    settings: Settings
+    snapshots: list[Snapshot]
+
+    def at(self, label: str) -> Snapshot:
+        return next(s for s in self.snapshots if s.label == label)
+
+
+@pytest.fixture(scope="module")
+def progressive(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Progressive]:
+    """The same kind of data revealed file by file over several cycles, with repeated ``now``s, an idle
+    period and new traffic afterwards. A snapshot of gold, ledger and watermark after every cycle."""
+    root = tmp_path_factory.mktemp("ad-progressive")
+    settings = load_settings({}, home=root / "home")
+    staging = root / "staging"
+    manifest = generate(staging, OPTIONS, specs=settings.streams)
+    assert manifest.last_arrival is not None
+    last = manifest.last_arrival
+    assert OPTIONS.start + 2 * HOUR <= last < OPTIONS.start + 2 * HOUR + timedelta(minutes=5)
+    plan: list[tuple[str, datetime]] = [
+        # Files up to 01:25 have arrived: the watermark is past 01:00 but not 01:30.
+        ("early", OPTIONS.start + timedelta(minutes=85)),
+        ("all-data", last + timedelta(minutes=5)),  # everything landed, not idle: closes 00:00 only
+        ("all-data-again", last + timedelta(minutes=5)),  # the same now, nothing new
+        ("idle", last + timedelta(hours=3)),  # heartbeat at 04:3x closes the last hour of data
+        ("idle-later", last + timedelta(hours=4)),  # heartbeat at 05:3x; no data, nothing closable
+        ("new-data", last + timedelta(hours=6)),  # new traffic in 05:00; heartbeat at 07:3x closes 04:00, 05:00
+    ]
+    snapshots = []
+    for label, now in plan:
+        reveal(staging, settings.landing, now)
+        if label == "new-data":
+            land(settings, "impressions", "new.jsonl",
+                 [{"impression_id": i, "ad_id": a, "event_time": iso(_at(t))} for i, a, t in NEW_IMPRESSIONS],
+                 NEW_ARRIVAL)
+            land(settings, "clicks", "new.jsonl",
+                 [{"click_id": c, "impression_id": i, "ad_id": a, "event_time": iso(_at(t))}
+                  for c, i, a, t in NEW_CLICKS],
+                 NEW_ARRIVAL)
+        at = cycle(spark, settings, now)
+        snapshots.append(
+            Snapshot(label, now, watermark(at), gold_ad(at), gold_unmatched(at), read_ledger(at, PIPELINE))
+        )
+    assert not list(staging.glob("*/*.json*")), "every generated file was revealed"
+    yield Progressive(settings, snapshots)
+
+
+def test_nothing_is_emitted_before_its_time(progressive: Progressive) -> None:
+    bound = get_pipeline(PIPELINE).lateness_bound
+    assert bound == BOUND
+    first_seen: dict[tuple[datetime, datetime], Snapshot] = {}
+    for snap in progressive.snapshots:
+        gold_windows = windows_of(snap.ad) | windows_of(snap.unmatched)
+        # Every window in gold after this cycle was closable: the watermark had passed its end + 30 min.
+        for start, end in gold_windows:
+            assert end + bound <= snap.watermark, (snap.label, start, snap.watermark)
+            first_seen.setdefault((start, end), snap)
+        # The ledger says which watermark closed each window; it is past end + bound, and not ahead of what
+        # ingest had seen when the window first appeared.
+        assert {(r.window_start, r.window_end) for r in snap.ledger} == gold_windows
+        for row in snap.ledger:
+            assert row.closed_by_watermark is not None
+            assert row.closed_by_watermark >= row.window_end + bound, row
+            assert row.closed_by_watermark <= first_seen[(row.window_start, row.window_end)].watermark, row
+
+    # The early cycle: the watermark has passed the end of the first hour, but not the join bound, so
+    # nothing is emitted yet.
+    early = progressive.at("early")
+    first_hour = (OPTIONS.start, OPTIONS.start + HOUR)
+    assert first_hour[1] <= early.watermark < first_hour[1] + bound, early.watermark
+    assert early.ad == [] and early.unmatched == [] and early.ledger == []
+
+    # Once all files are in (not idle yet) the first hour is closable and is emitted; the second is not.
+    second_hour = (first_hour[1], first_hour[1] + HOUR)
+    all_data = progressive.at("all-data")
+    assert first_hour[1] + bound <= all_data.watermark < second_hour[1] + bound
+    assert windows_of(all_data.ad) == {first_hour}
+    assert windows_of(all_data.unmatched) == {first_hour}
+    # Only the idle heartbeats close the second hour.
+    idle = progressive.at("idle")
+    assert windows_of(idle.ad) == {first_hour, second_hour}
+    assert windows_of(idle.unmatched) == {first_hour, second_hour}
+    # The hour of the new traffic is emitted in the cycle that both ingests it and passes its bound.
+    assert NEW_HOUR in windows_of(progressive.at("new-data").ad)
+
+
+def test_no_window_is_emitted_twice(progressive: Progressive) -> None:
+    snaps = {s.label: s for s in progressive.snapshots}
+    # The same now again, or a later now without new files and nothing newly closable: nothing changes.
+    for first, again in (("all-data", "all-data-again"), ("idle", "idle-later")):
+        assert snaps[again].ad == snaps[first].ad
+        assert snaps[again].unmatched == snaps[first].unmatched
+        assert [(r.window_start, r.window_end, r.rows) for r in snaps[again].ledger] == [
+            (r.window_start, r.window_end, r.rows) for r in snaps[first].ledger
+        ]
+    # Gold only ever grows: every row written by an earlier cycle is still there, unchanged.
+    for earlier, later in zip(progressive.snapshots, progressive.snapshots[1:], strict=False):
+        assert set(earlier.ad) <= set(later.ad)
+        assert set(earlier.unmatched) <= set(later.unmatched)
+
+    final = progressive.snapshots[-1]
+    settings = progressive.settings
+    for rows in (final.ad, final.unmatched):
+        keys = [(r[0], r[1], r[2]) for r in rows]
+        assert len(keys) == len(set(keys)), [k for k, n in Counter(keys).items() if n > 1]
+    ledger = read_ledger(settings)
+    keys = [r.key for r in ledger]
+    assert len(keys) == len(set(keys))
+    assert {r.pipeline for r in ledger} == {PIPELINE}
+    # And what several cycles wrote once is exactly what the data says (the same oracle as test 1).
+    expected = oracle(settings)
+    assert final.ad == expected.ad
+    assert final.unmatched == expected.unmatched
+    assert sum(r[4] for r in final.ad) + sum(r[3] for r in final.unmatched) == expected.bronze_clicks
+
+
+def test_heartbeats_never_count(progressive: Progressive) -> None:
+    settings = progressive.settings
+    final = progressive.snapshots[-1]
+    # Heartbeats were stored, and one of them sits in the hour of the new traffic, with real records.
+    for stream in STREAMS:
+        beats = [r for r in _table(settings, f"bronze/{stream}") if r["is_heartbeat"]]
+        assert beats, stream
+        assert any(NEW_HOUR[0] <= r["event_time"] < NEW_HOUR[1] for r in beats), stream
+    assert not any(r[2].startswith(HEARTBEAT) for r in final.ad)
+    assert not any(r[2].startswith(HEARTBEAT) for r in final.unmatched)
+    # The heartbeat's hour holds exactly the new records: x1 (2 clicks) and x2 (1 click) on ad-new, x3 on ad-001
+    # without clicks, and the click on an unknown impression.
+    assert [r for r in final.ad if (r[0], r[1]) == NEW_HOUR] == [
+        (*NEW_HOUR, "ad-001", 1, 0, 0.0),
+        (*NEW_HOUR, "ad-new", 2, 3, 1.5),
+    ]
+    assert [r for r in final.unmatched if (r[0], r[1]) == NEW_HOUR] == [(*NEW_HOUR, "ad-new", 1)]
+    # Windows holding nothing but heartbeats (the idle hours) produce no rows at all.
+    beat_hours = {
+        (r["event_time"].replace(minute=0, second=0, microsecond=0), r["event_time"].replace(
+            minute=0, second=0, microsecond=0) + HOUR)
+        for stream in STREAMS for r in _table(settings, f"bronze/{stream}") if r["is_heartbeat"]
+    } - {NEW_HOUR}
+    closed = {w for w in beat_hours if w[1] + BOUND <= final.watermark}
+    assert closed, "some heartbeat-only hour was closed"
+    assert not closed & (windows_of(final.ad) | windows_of(final.unmatched))
+    # Impressions in gold are exactly the real (non-heartbeat) impressions of the closed windows.
+    real = [r for r in _table(settings, "bronze/impressions") if not r["is_heartbeat"]]
+    gold_windows = windows_of(final.ad)
+    in_closed = [r for r in real if any(s <= r["event_time"] < e for s, e in gold_windows)]
+    assert sum(r[3] for r in final.ad) == len(in_closed)
