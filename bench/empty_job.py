@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import T0, add_spark_args, build_spark, report  # noqa: E402
+from _common import T0, add_spark_args, build_spark, report
 
 
 def main() -> int:

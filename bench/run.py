@@ -28,6 +28,7 @@ events_per_s=<n>``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -186,10 +187,8 @@ def _tree_rss(proc: psutil.Process) -> int:
     except psutil.Error:
         return 0
     for p in members:
-        try:
+        with contextlib.suppress(psutil.Error):
             total += p.memory_info().rss
-        except psutil.Error:
-            pass
     return total
 
 
@@ -476,9 +475,13 @@ class Bench:
         for size in sizes:
             data = ensure_dataset(size, self.data_root())
             for rep in range(self.args.scaling_repeat):
-                order = [lambda r: [self.bare_spark(data, r)], lambda r: self.sluice_chain(data, r, False)]
-                for group in order[rep % 2:] + order[:rep % 2]:
-                    group(rep)
+                # Alternate which of the two runs first.
+                if rep % 2 == 0:
+                    self.bare_spark(data, rep)
+                    self.sluice_chain(data, rep, with_backfill=False)
+                else:
+                    self.sluice_chain(data, rep, with_backfill=False)
+                    self.bare_spark(data, rep)
 
     def data_root(self) -> Path:
         return Path(self.args.data_dir) if self.args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"

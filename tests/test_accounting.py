@@ -125,6 +125,8 @@ def _run_cli(home: Path, now: str, extra_env: dict[str, str] | None = None) -> s
         "SLUICE_HOME": str(home),
         "SLUICE_NOW": now,
         "SLUICE_MAX_FILES_PER_TRIGGER": "3",
+        # This test is about crash recovery; the generated late share would (rightly) fail lateness checks.
+        "SLUICE_LATENESS_THRESHOLD": "1",
         "PYSPARK_PYTHON": sys.executable,
         **(extra_env or {}),
     }
@@ -135,7 +137,16 @@ def _run_cli(home: Path, now: str, extra_env: dict[str, str] | None = None) -> s
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("kill_after", ["bronze/impressions:2", "ops/ingest_batches:3", "quarantine/clicks:1"])
+@pytest.mark.parametrize(
+    "kill_after",
+    [
+        "bronze/impressions:2",  # between the tables of one ingest micro-batch
+        "ops/ingest_batches:3",  # after the intent row, before any data table
+        "quarantine/clicks:1",
+        "gold/ad_clicks_hourly:1",  # in the middle of the aggregate: gold written, ledger not yet
+        "ops/window_ledger:1",  # between the two outputs of the pipeline
+    ],
+)
 def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
     tmp_path: Path, kill_after: str
 ) -> None:

@@ -1,0 +1,152 @@
+"""DAG integrity (SPEC section 7), fast: the repo's dags/ parse cleanly into exactly the four fixed DAG ids, each
+with the settings a production scheduler relies on, and parsing does no work (no Spark, no SLUICE_HOME)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[2]
+DAGS = REPO / "dags"
+
+EXPECTED = {"ad_clicks_hourly", "user_activity_hourly", "sluice_backfill", "sluice_maintenance"}
+SCHEDULED = {"ad_clicks_hourly", "user_activity_hourly", "sluice_maintenance"}
+# Tasks where a retry cannot help: the alert task fails the run on purpose (a retry would re-send), and
+# bad backfill params stay bad.
+NO_RETRY_TASKS = {"send_alerts", "validate_params"}
+
+
+def test_no_import_errors_and_exactly_the_fixed_dag_ids(dagbag: Any) -> None:
+    assert dagbag.import_errors == {}
+    assert set(dagbag.dag_ids) == EXPECTED
+
+
+@pytest.mark.parametrize("dag_id", sorted(EXPECTED))
+def test_dag_settings(dagbag: Any, dag_id: str) -> None:
+    dag = dagbag.dags[dag_id]
+    assert dag is not None
+    assert dag.tags, f"{dag_id} has no tags"
+    assert "sluice" in dag.tags
+    assert (dag.default_args or {}).get("retries", 0) >= 1, f"{dag_id}: default_args must retry (retries >= 1)"
+    for task in dag.tasks:
+        if task.task_id not in NO_RETRY_TASKS:
+            assert task.retries >= 1, f"{dag_id}.{task.task_id} never retries"
+    assert dag.catchup is False
+    assert dag.max_active_runs == 1
+    assert dag.doc_md and dag_id in dag.doc_md, f"{dag_id}: doc_md must describe the DAG"
+    if dag_id in SCHEDULED:
+        assert isinstance(dag.schedule, str) and dag.schedule, f"{dag_id} needs an explicit schedule"
+    else:
+        assert dag.schedule is None, "the backfill DAG is manual only"
+
+
+def test_backfill_params(dagbag: Any) -> None:
+    dag = dagbag.dags["sluice_backfill"]
+    assert set(dag.params.keys()) >= {"pipeline", "start", "end", "include_late"}
+
+
+def test_one_dag_per_file_named_after_it(dagbag: Any) -> None:
+    per_file = Counter(Path(dag.fileloc).resolve() for dag in dagbag.dags.values())
+    assert all(n == 1 for n in per_file.values()), per_file
+    for dag in dagbag.dags.values():
+        path = Path(dag.fileloc).resolve()
+        assert path.parent == DAGS.resolve()
+        assert path.stem == dag.dag_id
+    assert {p.stem for p in DAGS.glob("*.py") if not p.name.startswith("_")} == EXPECTED
+
+
+def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
+    from sluice.orchestration import SluiceSparkSubmitOperator
+
+    spark_tasks = [t for dag in dagbag.dags.values() for t in dag.tasks if isinstance(t, SluiceSparkSubmitOperator)]
+    assert len(spark_tasks) >= 5
+    for task in spark_tasks:
+        assert Path(task.application).is_file(), f"{task.dag_id}.{task.task_id}: {task.application} is missing"
+
+
+def test_spark_master_is_local_without_connection_and_the_connection_when_defined(
+    dagbag: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SPEC 7: spark_default if defined, else local mode -- never the provider's YARN default."""
+    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
+    task = dagbag.dags["ad_clicks_hourly"].get_task("run_cycle")
+    master = task._get_hook()._connection["master"]
+    assert master.startswith("local"), master
+    assert "yarn" not in master
+    monkeypatch.setenv(
+        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077})
+    )
+    assert task._get_hook()._connection["master"] == "spark://127.0.0.1:7077"
+
+
+_PARSE_SCRIPT = """
+import json, os, sys
+from pathlib import Path
+from airflow.dag_processing.dagbag import DagBag
+import pyspark
+from pyspark.sql import SparkSession
+bag = DagBag(dag_folder=sys.argv[1])
+print(json.dumps({
+    "dag_ids": sorted(bag.dag_ids),
+    "errors": {str(k): str(v) for k, v in bag.import_errors.items()},
+    "active_session": SparkSession.getActiveSession() is not None,
+    "active_context": pyspark.SparkContext._active_spark_context is not None,
+    "jvm_gateway": pyspark.SparkContext._gateway is not None,
+}))
+"""
+
+
+def test_parsing_does_no_work_in_a_fresh_process(tmp_path: Path) -> None:
+    """In a fresh interpreter (so nothing the suite started can hide it): parsing every DAG file starts no
+    Spark (no session, no context, no JVM gateway) and creates neither $SLUICE_HOME nor ./.sluice."""
+    home = tmp_path / "not-created-home"
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env.update(SLUICE_HOME=str(home), SLUICE_NOW="2024-05-01T04:00:00Z")
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_SCRIPT, str(DAGS)], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["errors"] == {}
+    assert set(result["dag_ids"]) == EXPECTED
+    assert result == {**result, "active_session": False, "active_context": False, "jvm_gateway": False}
+    assert not home.exists(), "parsing the DAGs created SLUICE_HOME"
+    assert list(cwd.iterdir()) == [], "parsing the DAGs wrote into the working directory"
+
+    # Without SLUICE_HOME the default is ./.sluice: parsing must not create that either.
+    del env["SLUICE_HOME"]
+    done = subprocess.run(
+        [sys.executable, "-c", _PARSE_SCRIPT, str(DAGS)], cwd=cwd, env=env,
+        capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert not (cwd / ".sluice").exists()
+
+
+def test_parsing_in_process_starts_no_spark(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    import pyspark
+    from airflow.dag_processing.dagbag import DagBag
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("SLUICE_HOME", str(home))
+    before = pyspark.SparkContext._active_spark_context
+    bag = DagBag(dag_folder=str(DAGS))
+    assert bag.import_errors == {}
+    assert pyspark.SparkContext._active_spark_context is before
+    if before is None:
+        from pyspark.sql import SparkSession
+
+        assert SparkSession.getActiveSession() is None
+    assert not home.exists()

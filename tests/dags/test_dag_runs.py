@@ -1,0 +1,421 @@
+"""Every DAG run end to end with ``dag.test()`` (the Airflow 3 SDK way; what ``airflow dags test`` does) on
+generated data: the Spark tasks run pyspark's own spark-submit in local mode (no ``spark_default`` is defined),
+SLUICE_HOME and SLUICE_NOW come from the environment, and alerts reach a real HTTP server and a real SMTP server
+on 127.0.0.1. Nothing is mocked."""
+
+from __future__ import annotations
+
+import contextlib
+import email
+import json
+import socketserver
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from email.message import Message
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.generate import GenerateOptions
+
+START = datetime(2024, 5, 1, tzinfo=UTC)
+HOUR = timedelta(hours=1)
+SOCKET_TIMEOUT = 10.0
+
+Window = tuple[datetime, datetime]
+
+# Every dag.test() needs its own logical date in the shared metadata DB.
+_LOGICAL = iter(datetime(2025, 1, 1, tzinfo=UTC) + timedelta(hours=i) for i in range(10_000))
+
+
+def logical_date() -> datetime:
+    return next(_LOGICAL)
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def rows(home: Path, table: str) -> list[dict[str, Any]]:
+    path = home / "lake" / table
+    if not DeltaTable.is_deltatable(str(path)):
+        return []
+    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+
+
+def utc(value: datetime) -> datetime:
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def window(row: dict[str, Any]) -> Window:
+    return (utc(row["window_start"]), utc(row["window_end"]))
+
+
+def ledger(home: Path, pipeline: str) -> dict[Window, str]:
+    out = {}
+    for r in rows(home, "ops/window_ledger"):
+        if r["pipeline"] == pipeline:
+            assert window(r) not in out, f"two ledger rows for {window(r)}"
+            out[window(r)] = r["state"]
+    return out
+
+
+def sorted_rows(home: Path, table: str) -> list[tuple[Any, ...]]:
+    return sorted(tuple(sorted(r.items())) for r in rows(home, table))
+
+
+def delta_version(home: Path, table: str) -> int:
+    return DeltaTable(str(home / "lake" / table)).version()
+
+
+def task_states(dag_run: Any) -> dict[str, str]:
+    return {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in dag_run.get_task_instances()}
+
+
+def run_state(dag_run: Any) -> str:
+    return str(getattr(dag_run.state, "value", dag_run.state))
+
+
+def hours(n: int) -> list[Window]:
+    return [(START + i * HOUR, START + (i + 1) * HOUR) for i in range(n)]
+
+
+def rfc3339(value: datetime) -> str:
+    return value.isoformat().replace("+00:00", "Z")
+
+
+def assert_dq_recorded(home: Path, pipeline: str, windows: list[Window], *, success: bool | None = True) -> None:
+    dq = [r for r in rows(home, "ops/dq_results") if r["pipeline"] == pipeline]
+    by_window = Counter(window(r) for r in dq)
+    assert set(by_window) == set(windows), f"dq_results windows {sorted(by_window)} != {windows}"
+    expectations = {r["expectation"] for r in dq}
+    assert len(expectations) >= 3, expectations  # completeness, validity and lateness at least
+    if success is not None:
+        failing = [(window(r), r["expectation"], r["observed_value"]) for r in dq if r["success"] is not success]
+        assert not failing, failing
+
+
+# ------------------------------------------------------------------------------------------------ servers
+@dataclass
+class WebhookServer:
+    url: str
+    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
+
+    def posts(self) -> list[dict[str, Any]]:
+        assert all(method == "POST" for method, _path, _body in self.requests), self.requests
+        return [json.loads(body) for _m, _p, body in self.requests]
+
+
+@pytest.fixture
+def webhook() -> Iterator[WebhookServer]:
+    state = WebhookServer(url="")
+    lock = threading.Lock()
+
+    class Handler(BaseHTTPRequestHandler):
+        timeout = SOCKET_TIMEOUT
+
+        def _record(self) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            body = self.rfile.read(length) if length else b""
+            with lock:
+                state.requests.append((self.command, self.path, body))
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"ok")
+
+        do_POST = _record
+        do_GET = _record
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=SOCKET_TIMEOUT)
+
+
+@dataclass
+class Mail:
+    mail_from: str
+    rcpt_to: list[str]
+    data: bytes
+
+    @property
+    def message(self) -> Message:
+        return email.message_from_bytes(self.data)
+
+    def text(self) -> str:
+        out = []
+        for part in self.message.walk():
+            if part.get_content_maintype() == "text":
+                payload = part.get_payload(decode=True)
+                assert isinstance(payload, bytes)
+                out.append(payload.decode(part.get_content_charset() or "utf-8"))
+        return "\n".join(out)
+
+
+class _SmtpHandler(socketserver.StreamRequestHandler):
+    """Just enough SMTP (RFC 5321) to receive mail: no STARTTLS, no AUTH offered."""
+
+    timeout = SOCKET_TIMEOUT
+    server: SmtpServer
+
+    def _reply(self, line: str) -> None:
+        self.wfile.write(line.encode("ascii") + b"\r\n")
+        self.wfile.flush()
+
+    def handle(self) -> None:
+        with contextlib.suppress(OSError):
+            self._session()
+
+    def _session(self) -> None:
+        self._reply("220 sluice-test ESMTP")
+        mail_from: str | None = None
+        rcpt_to: list[str] = []
+        while True:
+            raw = self.rfile.readline(65536)
+            if not raw:
+                return
+            line = raw.decode("utf-8", "replace").rstrip("\r\n")
+            upper = line.upper()
+            if upper.startswith("EHLO"):
+                self.wfile.write(b"250-sluice-test\r\n250 8BITMIME\r\n")
+            elif upper.startswith("HELO"):
+                self._reply("250 sluice-test")
+            elif upper.startswith("MAIL FROM:"):
+                mail_from, rcpt_to = line[10:].split()[0].strip("<>"), []
+                self._reply("250 OK")
+            elif upper.startswith("RCPT TO:"):
+                rcpt_to.append(line[8:].split()[0].strip("<>"))
+                self._reply("250 OK")
+            elif upper == "DATA":
+                if mail_from is None or not rcpt_to:
+                    self._reply("503 need RCPT first")
+                    continue
+                self._reply("354 end with <CRLF>.<CRLF>")
+                lines = []
+                while (chunk := self.rfile.readline(65536)) not in (b".\r\n", b".\n"):
+                    if not chunk:
+                        return
+                    lines.append(chunk[1:] if chunk.startswith(b"..") else chunk)
+                with self.server.lock:
+                    self.server.mails.append(Mail(mail_from, rcpt_to, b"".join(lines)))
+                mail_from, rcpt_to = None, []
+                self._reply("250 OK queued")
+            elif upper in ("RSET", "NOOP"):
+                self._reply("250 OK")
+            elif upper == "QUIT":
+                self._reply("221 bye")
+                return
+            else:
+                self._reply("502 command not implemented")
+
+
+class SmtpServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _SmtpHandler)
+        self.lock = threading.Lock()
+        self.mails: list[Mail] = []
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[SmtpServer]:
+    server = SmtpServer()
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=SOCKET_TIMEOUT)
+
+
+# ------------------------------------------------------------------------------------------------ tests
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_ad_clicks_hourly_then_backfill(sluice_home: Any, run_dag: Callable[..., Any]) -> None:
+    """The scheduled DAG fills gold, the ledger and DQ results; the backfill DAG then rewrites the range
+    (identical content: no late data brought in) and marks its windows ``reprocessed``."""
+    home = sluice_home.home
+    sluice_home.generate(GenerateOptions(hours=2, impressions_per_hour=300, streams=("impressions", "clicks")))
+    windows = hours(2)
+
+    run = run_dag("ad_clicks_hourly", logical_date())
+    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "success"}
+    assert run_state(run) == "success"
+
+    gold = rows(home, "gold/ad_clicks_hourly")
+    assert {window(r) for r in gold} == set(windows)
+    assert sum(r["impressions"] for r in gold) >= 500  # ~300 impressions an hour were generated
+    assert all(0 <= r["ctr"] <= 1 for r in gold)
+    assert rows(home, "gold/unmatched_clicks_hourly"), "unknown-impression clicks must be counted"
+    assert ledger(home, "ad_clicks_hourly") == {w: "validated" for w in windows}
+    assert_dq_recorded(home, "ad_clicks_hourly", windows)
+    assert (home / "data_docs" / "index.html").is_file()
+    assert rows(home, "ops/alerts") == []
+
+    gold_before = {t: sorted_rows(home, t) for t in ("gold/ad_clicks_hourly", "gold/unmatched_clicks_hourly")}
+    versions_before = {t: delta_version(home, t) for t in (*gold_before, "ops/dq_results", "ops/window_ledger")}
+
+    conf = {"pipeline": "ad_clicks_hourly", "start": rfc3339(START), "end": rfc3339(START + 2 * HOUR),
+            "include_late": False}
+    backfill = run_dag("sluice_backfill", logical_date(), run_conf=conf)
+    assert task_states(backfill) == {"validate_params": "success", "backfill": "success", "send_alerts": "success"}
+    assert run_state(backfill) == "success"
+
+    assert ledger(home, "ad_clicks_hourly") == {w: "reprocessed" for w in windows}
+    for table, before in gold_before.items():
+        assert sorted_rows(home, table) == before, f"{table}: a backfill without late data changed the content"
+    for table, version in versions_before.items():
+        assert delta_version(home, table) > version, f"{table} was not rewritten by the backfill"
+    assert_dq_recorded(home, "ad_clicks_hourly", windows)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_user_activity_hourly_then_maintenance(sluice_home: Any, run_dag: Callable[..., Any]) -> None:
+    home = sluice_home.home
+    sluice_home.generate(GenerateOptions(hours=2, events_per_hour=200, streams=("events",)))
+    windows = hours(2)
+
+    run = run_dag("user_activity_hourly", logical_date())
+    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "success"}
+    assert run_state(run) == "success"
+    gold = rows(home, "gold/user_activity_hourly")
+    assert {window(r) for r in gold} == set(windows)
+    assert all(r["user_id"] and r["avg_events_per_10min"] >= 1 for r in gold)
+    assert ledger(home, "user_activity_hourly") == {w: "validated" for w in windows}
+    assert_dq_recorded(home, "user_activity_hourly", windows)
+    assert rows(home, "bronze/events")
+
+    gold_before = sorted_rows(home, "gold/user_activity_hourly")
+    bronze_before = sorted_rows(home, "bronze/events")
+    maintenance = run_dag("sluice_maintenance", logical_date())
+    assert task_states(maintenance) == {"compact": "success", "vacuum": "success", "clean_checkpoints": "success"}
+    assert run_state(maintenance) == "success"
+    # Housekeeping never changes what the tables hold.
+    assert sorted_rows(home, "gold/user_activity_hourly") == gold_before
+    assert sorted_rows(home, "bronze/events") == bronze_before
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_failing_windows_alert_through_webhook_and_smtp(
+    sluice_home: Any, run_dag: Callable[..., Any], webhook: WebhookServer, smtp_server: SmtpServer
+) -> None:
+    """SPEC 5: a window that fails DQ raises one alert (webhook + email via the Airflow connections), gets an
+    ops/alerts row and is ``failed`` in the ledger; the run's send_alerts task fails so Airflow shows it."""
+    home = sluice_home.home
+    sluice_home.generate(GenerateOptions(hours=2, events_per_hour=200, late_share=0.03, streams=("events",)))
+    sluice_home.setenv("SLUICE_LATENESS_THRESHOLD", "0")  # any DLQ record fails its window
+    sluice_home.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    sluice_home.setenv("AIRFLOW_CONN_SLUICE_SMTP", json.dumps({
+        "conn_type": "smtp", "host": "127.0.0.1", "port": smtp_server.port,
+        "extra": {"from_email": "sluice@example.com", "to": "oncall@example.com", "timeout": 10},
+    }))
+
+    run = run_dag("user_activity_hourly", logical_date())
+    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "failed"}
+    assert run_state(run) == "failed"
+
+    closed = ledger(home, "user_activity_hourly")
+    assert set(closed) == set(hours(2))
+    late_windows = {
+        w for w in closed for r in rows(home, "dlq/events") if w[0] <= utc(r["event_time"]) < w[1]
+    }
+    assert late_windows, "the generated data must put late records into a closed window"
+    failed = {w for w, state in closed.items() if state == "failed"}
+    assert failed == late_windows
+    assert all(state == "validated" for w, state in closed.items() if w not in failed)
+
+    # Exactly one POST per failing window, with pipeline, window and the failed expectation.
+    posts = webhook.posts()
+    assert len(posts) == len(failed), posts
+    assert {(datetime.fromisoformat(p["window_start"]), datetime.fromisoformat(p["window_end"])) for p in posts} \
+        == failed
+    for post in posts:
+        assert post["pipeline"] == "user_activity_hourly"
+        names = [f["expectation"] for f in post["failed"]]
+        assert any("lateness" in n for n in names), names
+        assert "user_activity_hourly" in post["message"]
+
+    # One email per failing window, to the connection's recipient.
+    assert len(smtp_server.mails) == len(failed)
+    for mail in smtp_server.mails:
+        assert mail.rcpt_to == ["oncall@example.com"]
+        assert "user_activity_hourly" in mail.message["Subject"]
+        assert "lateness" in mail.text()
+    subjects = sorted(m.message["Subject"] for m in smtp_server.mails)
+    assert subjects == sorted({s for s in subjects}), "an alert was emailed twice"
+
+    alerts = [r for r in rows(home, "ops/alerts") if r["pipeline"] == "user_activity_hourly"]
+    assert sorted(window(r) for r in alerts) == sorted(failed)
+    assert all(r["message"] and r["raised_at"] for r in alerts)
+    assert {r["channels"] for r in alerts} == {"webhook,smtp"}, "alerts must be marked delivered"
+    dq_failed = {window(r) for r in rows(home, "ops/dq_results") if not r["success"]}
+    assert dq_failed == failed
+
+    # Delivered exactly once: nothing is left pending for a re-run of the alert step.
+    from sluice.quality import deliver_pending_alerts
+
+    assert deliver_pending_alerts(sluice_home.settings, "user_activity_hourly") == []
+    assert len(webhook.requests) == len(failed)
+
+
+BAD_CONFS = {
+    "reversed": {"pipeline": "ad_clicks_hourly", "start": "2024-05-01T02:00:00Z", "end": "2024-05-01T01:00:00Z"},
+    "empty": {"pipeline": "ad_clicks_hourly", "start": "2024-05-01T01:00:00Z", "end": "2024-05-01T01:00:00Z"},
+    "misaligned": {"pipeline": "user_activity_hourly", "start": "2024-05-01T00:30:00Z",
+                   "end": "2024-05-01T02:00:00Z"},
+    "unknown_pipeline": {"pipeline": "no_such_pipeline", "start": "2024-05-01T00:00:00Z",
+                         "end": "2024-05-01T01:00:00Z"},
+    "not_a_timestamp": {"pipeline": "ad_clicks_hourly", "start": "yesterday", "end": "2024-05-01T01:00:00Z"},
+}
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("case", sorted(BAD_CONFS))
+def test_backfill_dag_refuses_bad_params_before_spark(
+    case: str, sluice_home: Any, run_dag: Callable[..., Any]
+) -> None:
+    """Bad params never reach the backfill task: either Airflow's param validation refuses the run, or the
+    validate_params task fails and the Spark task never runs."""
+    from airflow.sdk.exceptions import ParamValidationError
+
+    home = sluice_home.home
+    sluice_home.set_now(START + 6 * HOUR)
+    conf = {**BAD_CONFS[case], "include_late": False}
+    try:
+        run = run_dag("sluice_backfill", logical_date(), run_conf=conf)
+    except ParamValidationError as exc:
+        assert case in ("unknown_pipeline", "not_a_timestamp"), f"valid-looking params refused by Airflow: {exc}"
+        assert "pipeline" in str(exc) or "start" in str(exc)
+    else:
+        assert run_state(run) == "failed"
+        states = task_states(run)
+        assert states["validate_params"] == "failed"
+        assert states["backfill"] == "upstream_failed", "the Spark task ran despite bad params"
+    assert not (home / "lake").exists(), "bad params must be refused before any Spark work"

@@ -1,0 +1,93 @@
+"""The typed configuration: defaults from the SPEC, YAML and environment overrides, and fail-fast errors."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from sluice.config import ConfigError, load_settings, parse_duration, parse_timestamp, pipeline_streams
+
+
+def test_spec_defaults() -> None:
+    s = load_settings({}, home="/tmp/sluice-home")
+    assert s.stream("impressions").watermark_delay == timedelta(minutes=10)
+    assert s.stream("clicks").watermark_delay == timedelta(minutes=10)
+    assert s.stream("events").watermark_delay == timedelta(minutes=5)
+    for name in ("impressions", "clicks", "events"):
+        assert s.stream(name).early_tolerance == timedelta(minutes=5)
+        assert s.stream(name).idle_timeout == timedelta(minutes=30)
+    assert s.landing == Path("/tmp/sluice-home/landing")
+    assert s.lake == Path("/tmp/sluice-home/lake")
+    assert s.lateness_threshold == 0.01
+    assert s.now_override is None
+
+
+def test_roots_and_now_are_injected(tmp_path: Path) -> None:
+    env = {
+        "SLUICE_HOME": str(tmp_path),
+        "SLUICE_LAKE": str(tmp_path / "elsewhere"),
+        "SLUICE_NOW": "2024-05-01T12:00:00+02:00",
+    }
+    s = load_settings(env)
+    assert s.home == tmp_path and s.lake == tmp_path / "elsewhere" and s.landing == tmp_path / "landing"
+    assert s.now() == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+    assert load_settings(env, now="2024-05-02T00:00:00Z").now() == datetime(2024, 5, 2, tzinfo=UTC)
+
+
+def test_yaml_then_environment_override(tmp_path: Path) -> None:
+    config = tmp_path / "sluice.yaml"
+    config.write_text(
+        "streams:\n  clicks: {watermark_delay: 15m, idle_timeout: 1h}\n"
+        "dedup_retention: 12h\npipelines:\n  ad_clicks_hourly: {window: {size: 1h, hop: 30m}}\n"
+    )
+    s = load_settings({"SLUICE_CONFIG": str(config), "SLUICE_CLICKS_IDLE_TIMEOUT": "45 min"})
+    assert s.stream("clicks").watermark_delay == timedelta(minutes=15)
+    assert s.stream("clicks").idle_timeout == timedelta(minutes=45)  # env beats YAML
+    assert s.dedup_retention == timedelta(hours=12)
+    assert s.windows["ad_clicks_hourly"] == (timedelta(hours=1), timedelta(minutes=30))
+    # $SLUICE_HOME/sluice.yaml is picked up without SLUICE_CONFIG
+    assert load_settings({}, home=tmp_path).stream("clicks").watermark_delay == timedelta(minutes=15)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"SLUICE_CLICKS_WATERMARK_DELAY": "soon"}, "SLUICE_CLICKS_WATERMARK_DELAY"),
+        ({"SLUICE_EVENTS_IDLE_TIMEOUT": "-5m"}, "SLUICE_EVENTS_IDLE_TIMEOUT"),
+        ({"SLUICE_MAX_FILES_PER_TRIGGER": "0"}, "max_files_per_trigger"),
+        ({"SLUICE_LATENESS_THRESHOLD": "2"}, "lateness_threshold"),
+        ({"SLUICE_NOW": "yesterday"}, "SLUICE_NOW"),
+        ({"SLUICE_AD_CLICKS_HOURLY_WINDOW_SIZE": "0s"}, "window"),
+    ],
+)
+def test_invalid_values_fail_fast_naming_the_key(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        load_settings(env)
+
+
+def test_yaml_errors_name_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "bad.yaml"
+    config.write_text("streams:\n  clickz: {watermark_delay: 5m}\n")
+    with pytest.raises(ConfigError, match="streams.clickz"):
+        load_settings({"SLUICE_CONFIG": str(config)})
+    config.write_text("streams:\n  clicks: {delay: 5m}\n")
+    with pytest.raises(ConfigError, match="allowed: watermark_delay, early_tolerance, idle_timeout"):
+        load_settings({"SLUICE_CONFIG": str(config)})
+    config.write_text("colour: blue\n")
+    with pytest.raises(ConfigError, match="unknown key"):
+        load_settings({"SLUICE_CONFIG": str(config)})
+
+
+def test_unknown_pipeline_lists_the_known_ones() -> None:
+    with pytest.raises(ConfigError, match="ad_clicks_hourly, user_activity_hourly"):
+        pipeline_streams("ad_clicks_daily")
+    assert pipeline_streams("ad_clicks_hourly") == ("impressions", "clicks")
+
+
+def test_duration_and_timestamp_parsing() -> None:
+    assert parse_duration("90s", "k") == timedelta(seconds=90)
+    assert parse_duration("1.5h", "k") == timedelta(minutes=90)
+    assert parse_duration(600, "k") == timedelta(minutes=10)
+    assert parse_timestamp("2024-05-01T10:00:00-05:00", "k") == datetime(2024, 5, 1, 15, tzinfo=UTC)
