@@ -330,6 +330,9 @@ class Bench:
         self.sluice = [str(bindir / "sluice")] if (bindir / "sluice").exists() else [sys.executable, "-m", "sluice.cli"]
         self.env = self._base_env(bindir)
         self.checks: dict[str, dict[str, dict[str, int]]] = {}
+        self.started = time.monotonic()
+        self.rounds_done = 0
+        self.notes: list[str] = []
 
     @staticmethod
     def _base_env(bindir: Path) -> dict[str, str]:
@@ -465,14 +468,27 @@ class Bench:
             lambda rep: [self.empty_cycle(rep)],
             lambda rep: [self.empty_job(rep)],
         ]
+        budget = self.args.budget_min * 60
         for rep in range(self.args.repeat):
+            round_started = time.monotonic()
             # Alternate: each round starts with the next group, so no stage always runs first (or last).
             k = rep % len(groups)
             for group in groups[k:] + groups[:k]:
                 group(rep)
+            self.rounds_done = rep + 1
+            elapsed = time.monotonic() - self.started
+            if rep + 1 < self.args.repeat and budget and elapsed + (time.monotonic() - round_started) > budget:
+                self.notes.append(
+                    f"stopped after {rep + 1} of {self.args.repeat} rounds: another round would exceed the "
+                    f"{self.args.budget_min:g}-minute budget (--budget-min 0 disables it)"
+                )
+                log(self.notes[-1])
+                break
 
     def scaling_rounds(self, sizes: Sequence[int]) -> None:
         for size in sizes:
+            if size == self.args.events and self.rounds_done:
+                continue  # the main rounds already measured the cycle and bare Spark at this size
             data = ensure_dataset(size, self.data_root())
             for rep in range(self.args.scaling_repeat):
                 # Alternate which of the two runs first.
@@ -661,6 +677,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
     parser.add_argument("--timeout", type=float, default=1800, help="per-run timeout in seconds")
     parser.add_argument("--keep", action="store_true", help="keep the sluice homes of the runs")
+    parser.add_argument("--budget-min", type=float, default=14.0,
+                        help="stop starting new rounds when the next one would end past this many minutes "
+                             "(make bench must finish in 15; 0 = no budget)")
     args = parser.parse_args(argv)
     if args.smoke:
         args.events = 5_000 if args.events == REFERENCE_EVENTS else args.events
@@ -737,6 +756,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             "cycle/duckdb": ratio(med("cycle"), med("duckdb")),
             "empty_cycle/empty_job": ratio(med("empty_cycle"), med("empty_job")),
         },
+        "rounds_done": bench.rounds_done,
+        "notes": bench.notes,
         "bench_wall_s": round(time.monotonic() - started, 1),
     }
     results_dir = Path(args.results_dir)
@@ -751,6 +772,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     print(markdown(results))
     print()
+    for note in bench.notes:
+        print(f"note: {note}")
     print("ratios: " + ", ".join(f"{k}={v}" for k, v in results["ratios"].items()))
     print(f"results: {target}  (bench took {results['bench_wall_s']:.0f}s)")
 

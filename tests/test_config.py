@@ -70,7 +70,7 @@ def test_invalid_values_fail_fast_naming_the_key(env: dict[str, str], fragment: 
 def test_yaml_errors_name_the_key(tmp_path: Path) -> None:
     config = tmp_path / "bad.yaml"
     config.write_text("streams:\n  clickz: {watermark_delay: 5m}\n")
-    with pytest.raises(ConfigError, match="streams.clickz"):
+    with pytest.raises(ConfigError, match=r"streams\.clickz"):
         load_settings({"SLUICE_CONFIG": str(config)})
     config.write_text("streams:\n  clicks: {delay: 5m}\n")
     with pytest.raises(ConfigError, match="allowed: watermark_delay, early_tolerance, idle_timeout"):

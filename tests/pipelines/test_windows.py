@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
