@@ -238,14 +238,15 @@ def _bench_json(out: list[tuple[float, str]]) -> dict[str, Any]:
     return {}
 
 
+# Matched on the message only: once Great Expectations is imported it may re-format the log lines.
 CYCLE_RE = {
-    "ingest_start": re.compile(r"sluice\.cycle: cycle \S+: ingesting"),
-    "aggregate_start": re.compile(r"sluice\.cycle: cycle \S+: aggregating"),
-    "ingest": re.compile(r"sluice\.ingest: ingest (\S+)\s+batch\s+\d+ (heartbeat)?"),
-    "closed": re.compile(r"sluice\.aggregate: (\S+): closed window"),
-    "dq": re.compile(r"sluice\.quality: \S+: data quality on (\d+) window\(s\): (\d+) passed, (\d+) failed"),
-    "render": re.compile(r"sluice run \S+: (\d+) batch\(es\) in ([0-9.]+)s"),
-    "backfill": re.compile(r"sluice backfill .*: (\d+) window\(s\) rewritten in ([0-9.]+)s"),
+    "ingest_start": re.compile(r"\bcycle \S+: ingesting "),
+    "aggregate_start": re.compile(r"\bcycle \S+: aggregating closed windows"),
+    "ingest": re.compile(r"\bingest (impressions|clicks)\s+batch\s+\d+ (heartbeat)?"),
+    "closed": re.compile(r"\b(\w+): closed window \d{4}-"),
+    "dq": re.compile(r"\b\S+: data quality on (\d+) window\(s\): (\d+) passed, (\d+) failed"),
+    "render": re.compile(r"^sluice run \S+: (\d+) batch\(es\) in ([0-9.]+)s"),
+    "backfill": re.compile(r"^sluice backfill .*: (\d+) window\(s\) rewritten in ([0-9.]+)s"),
 }
 
 
@@ -259,7 +260,8 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
     """
     marks: dict[str, float] = {}
     d: dict[str, Any] = {"ingest_batches": {}, "heartbeats": {}, "closed_windows": {}}
-    for ts, line in err:
+    # Both streams: once Great Expectations is imported, some log lines go to stdout in another format.
+    for ts, line in sorted([*err, *out], key=lambda item: item[0]):
         if CYCLE_RE["ingest_start"].search(line):
             marks.setdefault("ingest_start", ts)
         elif CYCLE_RE["aggregate_start"].search(line):

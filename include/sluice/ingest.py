@@ -375,38 +375,34 @@ class StreamIngest:
             .when(F.col("_wm_before").isNotNull() & (F.col("event_time") < F.col("_wm_before")), "late")
             .otherwise("accepted")
         )
-        final = (
-            parsed.join(F.broadcast(marks_df), "_file_seq").withColumn("_status", status)
-        ).persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            counts = {
-                (r["_file_seq"], r["_status"]): r["n"]
-                for r in final.groupBy("_file_seq", "_status").agg(F.count(F.lit(1)).alias("n")).collect()
-            }
-            rows = []
-            for arrival, path in files:
-                s = seq[path]
-                before, after = marks[s]
-                row = BatchRow(
-                    stream=spec.name,
-                    batch_id=s,
-                    lines=per_file[s]["lines"] if s in per_file else 0,
-                    accepted=counts.get((s, "accepted"), 0),
-                    quarantined=counts.get((s, "quarantined"), 0),
-                    late=counts.get((s, "late"), 0),
-                    duplicates=counts.get((s, "duplicate"), 0),
-                    watermark_before=before,
-                    watermark_after=after,
-                    max_event_time=max_event.get(s),
-                    max_arrival_time=arrival,
-                    source_file=path,
-                    spark_batch_id=spark_batch_id,
-                    query_id=self._query_id,
-                )
-                rows.append(row)
-            self._commit(final, rows, first_id, last_id)
-        finally:
-            final.unpersist()
+        # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
+        final = parsed.join(F.broadcast(marks_df), "_file_seq").withColumn("_status", status)
+        counts = {
+            (r["_file_seq"], r["_status"]): r["n"]
+            for r in final.groupBy("_file_seq", "_status").agg(F.count(F.lit(1)).alias("n")).collect()
+        }
+        rows = []
+        for arrival, path in files:
+            s = seq[path]
+            before, after = marks[s]
+            row = BatchRow(
+                stream=spec.name,
+                batch_id=s,
+                lines=per_file[s]["lines"] if s in per_file else 0,
+                accepted=counts.get((s, "accepted"), 0),
+                quarantined=counts.get((s, "quarantined"), 0),
+                late=counts.get((s, "late"), 0),
+                duplicates=counts.get((s, "duplicate"), 0),
+                watermark_before=before,
+                watermark_after=after,
+                max_event_time=max_event.get(s),
+                max_arrival_time=arrival,
+                source_file=path,
+                spark_batch_id=spark_batch_id,
+                query_id=self._query_id,
+            )
+            rows.append(row)
+        self._commit(final, rows, first_id, last_id)
 
     def _commit(self, final: DataFrame, rows: list[BatchRow], first_id: int, last_id: int) -> None:
         spec = self.spec

@@ -29,12 +29,20 @@ log = logging.getLogger("sluice.quality")
 
 Window = tuple[datetime, datetime]
 
-# What "completeness" compares, per pipeline: (name, gold expression over the window's gold rows of the
-# main output, bronze stream, bronze expression over the window's bronze rows).
+# What "completeness" compares, per pipeline: (name, gold measure over the window's gold rows of the
+# main output, bronze stream, Spark SQL measure over the window's bronze rows).
 COMPLETENESS: dict[str, list[tuple[str, str, str, str]]] = {
-    "ad_clicks_hourly": [("impressions", "sum(impressions)", "impressions", "count(DISTINCT impression_id)")],
-    "user_activity_hourly": [("users", "count(DISTINCT user_id)", "events", "count(DISTINCT user_id)")],
+    "ad_clicks_hourly": [("impressions", "sum:impressions", "impressions", "count(DISTINCT impression_id)")],
+    "user_activity_hourly": [("users", "distinct:user_id", "events", "count(DISTINCT user_id)")],
 }
+
+
+def _gold_measure(rows: Any, measure: str) -> int:
+    """``sum:<column>`` or ``distinct:<column>`` over the window's gold rows (a small pandas frame)."""
+    kind, column = measure.split(":", 1)
+    if rows.empty:
+        return 0
+    return int(rows[column].sum()) if kind == "sum" else int(rows[column].nunique())
 
 
 @dataclass
@@ -180,22 +188,10 @@ class QualityChecker:
             if gold_rows[column].dt.tz is None:
                 gold_rows[column] = gold_rows[column].dt.tz_localize("UTC")
         specs = COMPLETENESS.get(self.pipeline.name, [])
-        gold_totals: dict[tuple[str, Window], int] = {}
-        for name, gold_expr, _stream, _bronze_expr in specs:
-            for r in (
-                gold.join(F.broadcast(bounds), ["window_start", "window_end"])
-                .groupBy("window_start", "window_end")
-                .agg(F.expr(gold_expr).alias("n"))
-                .collect()
-            ):
-                gold_totals[(name, (_utc(r["window_start"]), _utc(r["window_end"])))] = int(r["n"] or 0)
+        # One pass per stream over the window hours of bronze, one over its DLQ: record counts plus the
+        # stream's completeness measure, for every window at once.
+        measures = {stream: (name, bronze_expr) for name, _gold, stream, bronze_expr in specs}
         bronze_totals: dict[tuple[str, Window], int] = {}
-        for name, _gold_expr, stream, bronze_expr in specs:
-            bronze = self.engine.read(
-                tables.bronze(self.settings.stream(stream)).path(self.settings), files=_hour_pruner(windows)
-            ).filter(~F.col("is_heartbeat"))
-            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").agg(F.expr(bronze_expr).alias("n")).collect():
-                bronze_totals[(name, (_utc(r["_ws"]), _utc(r["_we"])))] = int(r["n"])
         records: dict[Window, int] = {}
         late: dict[Window, int] = {}
         for stream in self.pipeline.streams:
@@ -203,13 +199,22 @@ class QualityChecker:
             bronze = self.engine.read(
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
             ).filter(~F.col("is_heartbeat"))
-            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").count().collect():
+            measure = measures.get(stream)
+            aggs = [F.count(F.lit(1)).alias("n"), F.expr(measure[1] if measure else "0").alias("m")]
+            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").agg(*aggs).collect():
                 w = (_utc(r["_ws"]), _utc(r["_we"]))
-                records[w] = records.get(w, 0) + int(r["count"])
+                records[w] = records.get(w, 0) + int(r["n"])
+                if measure:
+                    bronze_totals[(measure[0], w)] = int(r["m"])
             dlq = self.engine.read(tables.dlq(spec).path(self.settings))
             for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
                 w = (_utc(r["_ws"]), _utc(r["_we"]))
                 late[w] = late.get(w, 0) + int(r["count"])
+        gold_totals: dict[tuple[str, Window], int] = {}
+        for name, gold_expr, _stream, _bronze in specs:
+            for window in windows:
+                rows = gold_rows[(gold_rows["window_start"] == window[0]) & (gold_rows["window_end"] == window[1])]
+                gold_totals[(name, window)] = _gold_measure(rows, gold_expr)
         out = {}
         for window in windows:
             start, end = window
