@@ -251,12 +251,16 @@ CYCLE_RE = {
 
 
 def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wall: float) -> dict[str, Any]:
-    """Per-stage timings of a sluice run/backfill from its log lines' arrival times.
+    """Per-stage timings of a sluice run/backfill from the arrival times of its log lines.
 
-    The ingest of a stream logs one line per landing file, all at the end of its Spark batch, so the last
-    line of a stream marks the end of that stream's ingest. Closed-window lines come at the end of each
-    output's sink; the data-quality line ends the DQ step. Anything before the 'ingesting' line is start-up
-    (interpreter, imports, JVM, SparkSession); anything after the DQ line is tear-down (report, JVM exit).
+    * startup: until 'cycle ...: ingesting' (interpreter, imports, JVM, SparkSession);
+    * ingest_<stream>: the ingest of a stream logs one line per landing file, all at the end of its Spark
+      batch, so the last such line ends that stream's ingest; ingest ends at 'aggregating closed windows';
+    * aggregate_<output>: closed-window lines come at the end of each output's sink;
+    * dq: from the last closed-window line to 'data quality on N window(s)' (with no closed windows the
+      two steps cannot be told apart and are reported together as aggregate+dq);
+    * report: until the CLI prints its summary (accounting table); teardown: the rest (JVM exit).
+    A backfill logs too little for this; it gets in_process (its own timer) and startup+teardown.
     """
     marks: dict[str, float] = {}
     d: dict[str, Any] = {"ingest_batches": {}, "heartbeats": {}, "closed_windows": {}}
@@ -278,13 +282,15 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
         elif m := CYCLE_RE["dq"].search(line):
             marks["dq_end"] = ts
             d["dq_windows"], d["dq_passed"], d["dq_failed"] = (int(g) for g in m.groups())
-    for _ts, line in out:
-        if m := CYCLE_RE["render"].search(line):
+        elif m := CYCLE_RE["render"].search(line):
+            marks["done"] = ts
             d["in_process_s"] = float(m.group(2))
         elif m := CYCLE_RE["backfill"].search(line):
+            marks["done"] = ts
             d["windows"] = int(m.group(1))
             d["in_process_s"] = float(m.group(2))
     stages: dict[str, float] = {}
+    done = marks.get("done", wall)
     if "ingest_start" in marks:
         stages["startup"] = marks["ingest_start"]
         if "aggregate_start" in marks:
@@ -302,12 +308,16 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
                     if f"closed_end_{output}" in marks:
                         stages[f"aggregate_{output}"] = marks[f"closed_end_{output}"] - previous
                         previous = marks[f"closed_end_{output}"]
-            if "dq_end" in marks:
-                # Without closed-window lines the aggregate and DQ steps cannot be told apart.
-                dq_start = agg_end if agg_end is not None else marks["aggregate_start"]
-                key = "dq" if agg_end is not None else "aggregate+dq"
-                stages[key] = marks["dq_end"] - dq_start
-                stages["teardown"] = wall - marks["dq_end"]
+                if "dq_end" in marks:
+                    stages["dq"] = marks["dq_end"] - agg_end
+                    stages["report"] = done - marks["dq_end"]
+            else:
+                stages["aggregate+dq"] = done - marks["aggregate_start"]
+    elif "in_process_s" in d:
+        stages["in_process"] = d["in_process_s"]
+        stages["startup+teardown"] = max(0.0, wall - d["in_process_s"])
+    if "ingest_start" in marks and "done" in marks:
+        stages["teardown"] = wall - marks["done"]
     d["stages"] = {k: round(v, 2) for k, v in stages.items()}
     if d.get("dq_windows") and "dq" in stages:
         d["dq_per_window_s"] = round(stages["dq"] / d["dq_windows"], 3)
@@ -630,7 +640,8 @@ def markdown(results: dict[str, Any]) -> str:
               and s.get("stages_s_median")]
     if cycles:
         keys = ["startup", "ingest", "ingest_impressions", "ingest_clicks", "aggregate",
-                "aggregate_ad_clicks_hourly", "aggregate_unmatched_clicks_hourly", "dq", "aggregate+dq", "teardown"]
+                "aggregate_ad_clicks_hourly", "aggregate_unmatched_clicks_hourly", "dq", "aggregate+dq", "report",
+                "teardown", "in_process", "startup+teardown"]
         keys = [k for k in keys if any(k in s["stages_s_median"] for s in cycles)]
         rows += ["", "Where a sluice run spends its time (medians, seconds, from its log lines):", "",
                  "| run | events | " + " | ".join(keys) + " | DQ s/window |",

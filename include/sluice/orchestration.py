@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +26,9 @@ JOBS_DIR = REPO_ROOT / "jobs"
 SPARK_CONN_ID = "spark_default"
 LOCAL_MASTER = "local[*]"
 
-DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2}
+# Retries cover transient failures (a killed JVM, a busy machine); every write is idempotent, so a retry
+# resumes where the failed attempt stopped.
+DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2, "retry_delay": timedelta(minutes=1)}
 
 GOLD_ASSETS: dict[str, list[Asset]] = {
     "ad_clicks_hourly": [
@@ -86,6 +89,12 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
             # The provider would fall back to YARN; sluice's contract is local mode.
             log.info("connection %r is not defined: running Spark in %s", self._conn_id, LOCAL_MASTER)
             hook._connection["master"] = LOCAL_MASTER
+            # The hook derived these from the YARN master in __init__; derive them again for local mode,
+            # or it would pass env_vars as spark.yarn.appMasterEnv.* instead of to the process.
+            hook._is_yarn = False
+            hook._is_yarn_cluster_mode = False
+            hook._is_kubernetes = False
+            hook._should_track_driver_status = hook._resolve_should_track_driver_status()
         return hook
 
 

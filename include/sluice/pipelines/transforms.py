@@ -41,7 +41,10 @@ def dedup_within_watermark(*keys: str) -> Transform:
     bounded by the watermark."""
 
     def transform(df: DataFrame) -> DataFrame:
-        return df.dropDuplicatesWithinWatermark(list(keys))
+        # Batch (backfills) has no watermark: plain dedup on the same keys is the same rule there.
+        if df.isStreaming:
+            return df.dropDuplicatesWithinWatermark(list(keys))
+        return df.dropDuplicates(list(keys))
 
     return transform
 
