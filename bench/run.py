@@ -531,8 +531,9 @@ def _delta_totals(path: Path, output: str) -> dict[str, int]:
     import duckdb
     from deltalake import DeltaTable
 
-    arrow = DeltaTable(str(path)).to_pyarrow_table()  # noqa: F841  (read by DuckDB below)
-    return _sql_totals(duckdb.connect(), "arrow", output)
+    con = duckdb.connect()
+    con.register("gold", DeltaTable(str(path)).to_pyarrow_table())
+    return _sql_totals(con, "gold", output)
 
 
 def _sql_totals(con: Any, source: str, output: str) -> dict[str, int]:

@@ -156,10 +156,11 @@ def test_cli_backfill_refuses_bad_params_before_spark(tmp_path: Path, args: list
 
 
 # ------------------------------------------------------------------------------------------------ determinism
-# Four hours of impressions and clicks with a little late data; "now" is just after the last file arrived,
-# so the watermark closes the first windows and leaves the last one open (no idle heartbeat yet).
+# Six hours of impressions and clicks with one late impression and one late click (so at most four windows
+# can see late data); "now" is just after the last file arrived, so the watermark closes the first windows
+# and leaves the last one open (no idle heartbeat yet).
 OPTIONS = GenerateOptions(
-    seed=11, hours=4, impressions_per_hour=100, click_rate=0.3, late_share=0.01, ads=8, users=20,
+    seed=11, hours=6, impressions_per_hour=100, click_rate=0.3, late_share=0.002, ads=8, users=20,
     streams=("impressions", "clicks"),
 )
 

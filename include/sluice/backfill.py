@@ -175,7 +175,7 @@ class Backfill:
         result.skipped_open = sorted(set(result.skipped_open) - windows)
         self._mark_ledger(result)
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
-            result.windows, final_state="reprocessed"
+            result.windows, final_state="reprocessed", include_late=req.include_late
         )
         result.seconds = time.monotonic() - started
         return result

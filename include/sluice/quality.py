@@ -141,11 +141,17 @@ class QualityChecker:
         ]
 
     def check(
-        self, windows: Sequence[Window] | None = None, *, final_state: str | None = None, deliver: bool = True
+        self,
+        windows: Sequence[Window] | None = None,
+        *,
+        final_state: str | None = None,
+        deliver: bool = True,
+        include_late: bool = False,
     ) -> QualityReport:
         """Validate ``windows`` (default: all pending). ``final_state`` overrides the ledger state written
         on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
-        ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task)."""
+        ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task).
+        ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them."""
         from sluice.dq import WindowValidator
 
         windows = sorted(set(windows if windows is not None else self.pending()))
@@ -154,7 +160,7 @@ class QualityChecker:
             return report
         for table in (tables.DQ_RESULTS, tables.ALERTS):
             self.engine.ensure_table(table.path(self.settings), table.schema)
-        inputs = self._inputs(windows)
+        inputs = self._inputs(windows, include_late)
         validator = WindowValidator(
             docs_dir(self.settings),
             lateness_threshold=self.settings.lateness_threshold,
@@ -178,7 +184,7 @@ class QualityChecker:
         return report
 
     # -- inputs ---------------------------------------------------------------------------------------
-    def _inputs(self, windows: Sequence[Window]):
+    def _inputs(self, windows: Sequence[Window], include_late: bool = False):
         main = self.pipeline.outputs[0]
         gold = self.engine.read(main.table.path(self.settings))
         bounds = self.spark.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
@@ -200,13 +206,16 @@ class QualityChecker:
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
             ).filter(~F.col("is_heartbeat"))
             measure = measures.get(stream)
-            aggs = [F.count(F.lit(1)).alias("n"), F.expr(measure[1] if measure else "0").alias("m")]
-            for r in _in_windows(bronze, windows).groupBy("_ws", "_we").agg(*aggs).collect():
+            dlq = self.engine.read(tables.dlq(spec).path(self.settings))
+            source = bronze.select(*spec.fields).withColumn("_bronze", F.lit(1))
+            if include_late:
+                source = source.unionByName(dlq.select(*spec.fields).withColumn("_bronze", F.lit(0)))
+            aggs = [F.sum("_bronze").alias("n"), F.expr(measure[1] if measure else "0").alias("m")]
+            for r in _in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs).collect():
                 w = (_utc(r["_ws"]), _utc(r["_we"]))
-                records[w] = records.get(w, 0) + int(r["n"])
+                records[w] = records.get(w, 0) + int(r["n"] or 0)
                 if measure:
                     bronze_totals[(measure[0], w)] = int(r["m"])
-            dlq = self.engine.read(tables.dlq(spec).path(self.settings))
             for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
                 w = (_utc(r["_ws"]), _utc(r["_we"]))
                 late[w] = late.get(w, 0) + int(r["count"])
