@@ -27,8 +27,8 @@ from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine
 from sluice.ledger import LedgerRow, late_counts, read_ledger, write_ledger
 from sluice.pipelines import PipelineDef
-from sluice.pipelines.base import Output
-from sluice.pipelines.transforms import window_bounds, without_heartbeats
+from sluice.pipelines.base import Output, WindowSpec
+from sluice.pipelines.transforms import without_heartbeats
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -56,12 +56,12 @@ def batch_watermark(checkpoint: Path, batch_id: int) -> datetime | None:
     return datetime.fromtimestamp(millis / 1000, UTC) if millis else None
 
 
-def gold_rows(output: Output, df: DataFrame) -> DataFrame:
+def gold_rows(output: Output, df: DataFrame, window: WindowSpec) -> DataFrame:
     """Sink-side shaping shared by the streaming and backfill paths: contract columns, no heartbeats,
     deterministic order."""
     columns = output.table.schema.names
     return (
-        df.transform(window_bounds)
+        df.transform(window.bounds)
         .transform(without_heartbeats(output.key))
         .select(*columns)
         .coalesce(1)
@@ -121,7 +121,7 @@ class PipelineRunner:
         query.awaitTermination()
 
     def _sink(self, output: Output, checkpoint: Path, df: DataFrame, batch_id: int) -> None:
-        rows = gold_rows(output, df).persist(StorageLevel.MEMORY_AND_DISK)
+        rows = gold_rows(output, df, self.pipeline.window).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {
                 (_utc(r["window_start"]), _utc(r["window_end"])): int(r["n"])

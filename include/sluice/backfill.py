@@ -153,7 +153,7 @@ class Backfill:
         windows: set[tuple[datetime, datetime]] = set()
         for output in pipeline.outputs:
             self.engine.ensure_table(output.table.path(self.settings), output.table.schema)
-            computed = gold_rows(output, output.build(inputs, pipeline.window))
+            computed = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
             rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", output.key)
             rows = rows.localCheckpoint()  # one computation feeds both the count and the commit
             for r in computed.filter(in_range & ~closed).select("window_start", "window_end").distinct().collect():

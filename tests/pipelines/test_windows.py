@@ -12,7 +12,6 @@ from typing import Any
 
 import pytest
 from deltalake import DeltaTable
-from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
@@ -148,20 +147,7 @@ def test_overlapping_windows_ad_clicks(spark: SparkSession, settings: Settings) 
 
 
 # ---------------------------------------------------------------------------------------- windows with gaps
-GAPS_XFAIL = pytest.mark.xfail(
-    strict=True,
-    raises=AnalysisException,
-    reason=(
-        "WindowSpec.column (pipelines/base.py) passes hop > size straight to F.window(time, size, slide); "
-        "Spark rejects it at analysis with DATATYPE_MISMATCH.PARAMETER_CONSTRAINT_VIOLATION "
-        "('The slide_duration must be <= the window_duration'), so a gapped window (SPEC 3: first-class, "
-        "records in the gaps fall in no window) makes run_cycle fail after ingest. Needs e.g. a tumbling "
-        "window of `hop` filtered to rows whose offset in it is < size, with window.end = start + size."
-    ),
-)
 
-
-@GAPS_XFAIL
 def test_windows_with_gaps_user_activity(spark: SparkSession, settings: Settings) -> None:
     settings = replace(settings, windows={"user_activity_hourly": GAPS})
     land_events(settings)
@@ -175,7 +161,6 @@ def test_windows_with_gaps_user_activity(spark: SparkSession, settings: Settings
     check_ledger(done, "user_activity_hourly", {(r[0], r[1]) for r in expected})
 
 
-@GAPS_XFAIL
 def test_windows_with_gaps_ad_clicks(spark: SparkSession, settings: Settings) -> None:
     settings = replace(settings, windows={"ad_clicks_hourly": GAPS})
     land_ad_traffic(settings)

@@ -44,8 +44,34 @@ class WindowSpec:
     def slide(self) -> timedelta:
         return self.hop or self.size
 
+    @property
+    def has_gaps(self) -> bool:
+        return self.hop is not None and self.hop > self.size
+
     def column(self, time_column: str | Column) -> Column:
+        """The grouping window. Spark's window() needs slide <= size, so windows with gaps group by the
+        tumbling ``hop`` window whose first ``size`` they cover (see :meth:`keep`), and the sink reports
+        ``window_end = window_start + size`` (:meth:`bounds`)."""
+        if self.has_gaps:
+            return F.window(time_column, spark_interval(self.slide))
         return F.window(time_column, spark_interval(self.size), spark_interval(self.slide))
+
+    def keep(self, time_column: Column) -> Column:
+        """Rows that fall in some window: all of them, except in the gaps (offset into the hop >= size)."""
+        if not self.has_gaps:
+            return F.lit(True)
+        hop_us = int(self.slide.total_seconds() * 1_000_000)
+        size_us = int(self.size.total_seconds() * 1_000_000)
+        return (F.unix_micros(time_column) % F.lit(hop_us)) < F.lit(size_us)
+
+    def bounds(self, df: DataFrame) -> DataFrame:
+        """The ``window`` struct as the contract's ``window_start`` / ``window_end`` columns."""
+        df = df.withColumn("window_start", F.col("window.start"))
+        if self.has_gaps:
+            return df.withColumn(
+                "window_end", F.col("window.start") + F.expr(f"INTERVAL {int(self.size.total_seconds())} SECONDS")
+            )
+        return df.withColumn("window_end", F.col("window.end"))
 
     @classmethod
     def parse(cls, size: str, hop: str | None = None) -> WindowSpec:

@@ -91,8 +91,10 @@ def ad_clicks(inputs: Inputs, window: WindowSpec) -> DataFrame:
     impressions = inputs["impressions"]
     clicks = inputs["clicks"]
     joined = impressions.join(clicks, click_matches_impression(), "leftOuter")
-    per_impression = joined.groupBy(window.column("impression_time"), "impression_id", "ad_id").agg(
-        F.count("click_id").alias("clicks")
+    per_impression = (
+        joined.filter(window.keep(F.col("impression_time")))
+        .groupBy(window.column("impression_time"), "impression_id", "ad_id")
+        .agg(F.count("click_id").alias("clicks"))
     )
     return per_impression.groupBy("window", "ad_id").agg(
         F.count(F.lit(1)).alias("impressions"), F.sum("clicks").alias("clicks")
@@ -106,7 +108,7 @@ def unmatched_clicks(inputs: Inputs, window: WindowSpec) -> DataFrame:
     clicks = inputs["clicks"]
     joined = clicks.join(impressions, click_matches_impression(), "leftOuter")
     return (
-        joined.filter(F.col("impression_id").isNull())
+        joined.filter(F.col("impression_id").isNull() & window.keep(F.col("click_time")))
         .groupBy(window.column("click_time"), F.col("click_ad_id").alias("ad_id"))
         .agg(F.count(F.lit(1)).alias("unmatched_clicks"))
     )
@@ -132,8 +134,11 @@ def user_activity(inputs: Inputs, window: WindowSpec) -> DataFrame:
     per_10min = (
         inputs["events"].groupBy(TEN_MINUTES.column("event_time"), "user_id").agg(F.count(F.lit(1)).alias("events"))
     )
-    return per_10min.groupBy(window.column(F.col("window")), "user_id").agg(
-        F.avg("events").alias("avg_events_per_10min")
+    # A 10-min window belongs to the hourly window its start falls in (only matters for windows with gaps).
+    return (
+        per_10min.filter(window.keep(F.col("window.start")))
+        .groupBy(window.column(F.col("window")), "user_id")
+        .agg(F.avg("events").alias("avg_events_per_10min"))
     )
 
 
@@ -143,11 +148,6 @@ def with_ctr(df: DataFrame) -> DataFrame:
         "ctr",
         F.when(F.col("impressions") > 0, F.col("clicks").cast("double") / F.col("impressions")),
     )
-
-
-def window_bounds(df: DataFrame) -> DataFrame:
-    """The ``window`` struct as the contract's ``window_start`` / ``window_end`` columns."""
-    return df.withColumn("window_start", F.col("window.start")).withColumn("window_end", F.col("window.end"))
 
 
 def without_heartbeats(key: str) -> Transform:
