@@ -107,18 +107,41 @@ def _shape(events: int, smoke: bool) -> tuple[int, int]:
     return hours, max(1, round(events / hours))
 
 
-def ensure_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
-    """Generate the landing files once per size (cached under ``root``) with the product's generator."""
-    from sluice.generate import DEFAULT_START, GenerateOptions, generate
-
-    hours, per_hour = _shape(events, smoke)
-    key = f"ad_clicks-v{DATA_VERSION}-n{events}-h{hours}-f{FILE_MINUTES}"
-    target = root / key
+def _cached(events: int, root: Path, smoke: bool) -> tuple[Path, Dataset | None]:
+    hours, _per_hour = _shape(events, smoke)
+    target = root / f"ad_clicks-v{DATA_VERSION}-n{events}-h{hours}-f{FILE_MINUTES}"
     marker = target / "dataset.json"
     if marker.exists():
         data = Dataset(**json.loads(marker.read_text()))
         if Path(data.landing).is_dir():
-            return data
+            return target, data
+    return target, None
+
+
+def ensure_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
+    """The cached data set of this size, generated first if needed, in a subprocess: the generator holds
+    a day of records in memory, and a bench process that had grown that large would pass its peak RSS on
+    to every child it forks (Linux carries ru_maxrss across fork + exec)."""
+    _target, data = _cached(events, root, smoke)
+    if data is None:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--task", "generate", "--events", str(events),
+               "--data-dir", str(root), *(["--smoke"] if smoke else [])]
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+        _target, data = _cached(events, root, smoke)
+    if data is None:
+        raise RuntimeError(f"generating {events} events under {root} left no data set")
+    return data
+
+
+def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
+    """Generate the landing files once per size (cached under ``root``) with the product's generator."""
+    from sluice.generate import DEFAULT_START, GenerateOptions, generate
+
+    hours, per_hour = _shape(events, smoke)
+    target, cached = _cached(events, root, smoke)
+    if cached is not None:
+        return cached
+    key = target.name
     partial = root / f"{key}.partial-{os.getpid()}"
     shutil.rmtree(partial, ignore_errors=True)
     landing = partial / "landing"
@@ -213,15 +236,28 @@ def measure(cmd: Sequence[str], env: dict[str, str], timeout: float) -> tuple[fl
         t.start()
     ps = psutil.Process(proc.pid)
     peak = 0
-    while proc.poll() is None:
-        peak = max(peak, _tree_rss(ps))
-        if time.monotonic() - started > timeout:
-            os.killpg(proc.pid, signal.SIGKILL)  # our own process group only
-            proc.wait()
-            err.append((time.monotonic() - started, f"bench: killed after {timeout:.0f}s timeout"))
+    samples = 0
+    killed = False
+    while True:
+        # The sampler sums the RSS of the whole tree (Python, JVM, Python workers) while it runs.
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            wall = time.monotonic() - started
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            if samples < 3:
+                # Too short-lived to sample: the kernel's max RSS of the child (an upper bound, since it
+                # includes what the child inherited from this process when forked).
+                peak = max(peak, usage.ru_maxrss * 1024)
             break
-        time.sleep(SAMPLE_S)
-    wall = time.monotonic() - started
+        peak = max(peak, _tree_rss(ps))
+        samples += 1
+        if not killed and time.monotonic() - started > timeout:
+            killed = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the run's own process group, nothing else
+            err.append((time.monotonic() - started, f"bench: killed after {timeout:.0f}s timeout"))
+        # Sample densely at first (short runs), then every SAMPLE_S.
+        time.sleep(0.02 if time.monotonic() - started < 1 else SAMPLE_S)
     for t in readers:
         t.join(timeout=10)
     return wall, peak / 2**20, proc.returncode, out, err
@@ -377,7 +413,7 @@ class Bench:
         if stages := details.get("stages"):
             extra = "  " + " ".join(f"{k}={v:.1f}" for k, v in stages.items())
         log(f"{stage:<12} n={events:<9,} rep={rep} wall={wall:7.1f}s rss={peak:6.0f}MB rc={rc}{extra}")
-        if rc not in (0,):
+        if rc not in (0, 2):
             log(f"{stage} failed (rc={rc}); stderr tail:\n{_tail(err, 40)}\nstdout tail:\n{_tail(out)}")
         return run
 
@@ -403,7 +439,7 @@ class Bench:
             sys.executable, str(BENCH / "bare_spark_job.py"), "--landing", data.landing, "--out", str(out),
             *self.spark_args(),
         ])
-        self._check("bare_spark", data, lambda name: _parquet_totals(out / name, name), rep)
+        self._check("bare_spark", data, "parquet", out)
         shutil.rmtree(out, ignore_errors=True)
         return run
 
@@ -413,7 +449,7 @@ class Bench:
             sys.executable, str(BENCH / "spark_batch.py"), "--landing", data.landing, "--out", str(out),
             *self.spark_args(),
         ])
-        self._check("spark_batch", data, lambda name: _parquet_totals(out / name, name), rep)
+        self._check("spark_batch", data, "parquet", out)
         shutil.rmtree(out, ignore_errors=True)
         return run
 
@@ -423,7 +459,7 @@ class Bench:
             sys.executable, str(BENCH / "duckdb_floor.py"), "--landing", data.landing, "--out", str(out),
             "--threads", str(_local_cores(self.master)),
         ])
-        self._check("duckdb", data, lambda name: _parquet_totals(out / f"{name}.parquet", name), rep)
+        self._check("duckdb", data, "parquet", out)
         shutil.rmtree(out, ignore_errors=True)
         return run
 
@@ -433,12 +469,12 @@ class Bench:
         env = self.sluice_env(home, data.now)
         runs = [self.record("cycle", data.events, rep, [*self.sluice, "run", PIPELINE, "--now", data.now],
                             env=env, parser=parse_sluice)]
-        self._check("cycle", data, lambda name: _delta_totals(home / "lake" / "gold" / name, name), rep)
+        self._check("cycle", data, "delta", home / "lake" / "gold")
         if with_backfill and runs[0].rc in (0, 2):
             runs.append(self.record("backfill", data.events, rep, [
                 *self.sluice, "backfill", PIPELINE, "--start", data.start, "--end", data.end,
             ], env=env, parser=parse_sluice))
-            self._check("backfill", data, lambda name: _delta_totals(home / "lake" / "gold" / name, name), rep)
+            self._check("backfill", data, "delta", home / "lake" / "gold")
             runs.append(self.record("noop_cycle", data.events, rep, [*self.sluice, "run", PIPELINE, "--now", data.now],
                                     env=env, parser=parse_sluice))
         if not self.args.keep:
@@ -460,15 +496,20 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         return out
 
-    def _check(self, stage: str, data: Dataset, totals: Any, rep: int) -> None:
-        """Output totals (untimed), once per stage and size, so readers see every engine did the same work."""
+    def _check(self, stage: str, data: Dataset, kind: str, base: Path) -> None:
+        """Output totals (untimed, in a subprocess), once per stage and size, so readers see every engine
+        did the same work."""
         key = f"{stage}@{data.events}"
         if key in self.checks:
             return
+        done = subprocess.run(
+            [sys.executable, str(Path(__file__).resolve()), "--task", "totals", "--kind", kind, "--path", str(base)],
+            cwd=REPO, capture_output=True, text=True,
+        )
         try:
-            self.checks[key] = {name: totals(name) for name in OUTPUTS}
-        except Exception as exc:  # a failed run leaves no output; the run itself is already reported
-            self.checks[key] = {"error": {"message": str(exc)[:200]}}  # type: ignore[dict-item]
+            self.checks[key] = json.loads(done.stdout.strip().splitlines()[-1])
+        except (IndexError, ValueError):  # a failed run leaves no output; the run itself is already reported
+            self.checks[key] = {"error": {"message": done.stderr.strip()[-300:]}}  # type: ignore[dict-item]
 
     # -- plans ---------------------------------------------------------------------------------------
     def main_rounds(self, data: Dataset) -> None:
@@ -520,20 +561,23 @@ def _local_cores(master: str) -> int:
     return int(m.group(1)) if m else (os.cpu_count() or 2)
 
 
-def _parquet_totals(path: Path, output: str) -> dict[str, int]:
+def output_totals(kind: str, base: Path) -> dict[str, dict[str, int]]:
     import duckdb
 
-    source = f"'{path}/*.parquet'" if path.is_dir() else f"'{path}'"
-    return _sql_totals(duckdb.connect(), source, output)
+    out = {}
+    for name in OUTPUTS:
+        con = duckdb.connect()
+        if kind == "delta":
+            from deltalake import DeltaTable
 
-
-def _delta_totals(path: Path, output: str) -> dict[str, int]:
-    import duckdb
-    from deltalake import DeltaTable
-
-    con = duckdb.connect()
-    con.register("gold", DeltaTable(str(path)).to_pyarrow_table())
-    return _sql_totals(con, "gold", output)
+            con.register("gold", DeltaTable(str(base / name)).to_pyarrow_table())
+            source = "gold"
+        elif (base / name).is_dir():
+            source = f"'{base / name}/*.parquet'"
+        else:
+            source = f"'{base / name}.parquet'"
+        out[name] = _sql_totals(con, source, name)
+    return out
 
 
 def _sql_totals(con: Any, source: str, output: str) -> dict[str, int]:
@@ -690,7 +734,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data-dir", help="where generated data sets are cached (default: <tmp>/sluice-bench-data)")
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
     parser.add_argument("--timeout", type=float, default=1800, help="per-run timeout in seconds")
+    parser.add_argument("--tag", help="appended to the results file name: results/<date>[-smoke][-TAG].json")
     parser.add_argument("--keep", action="store_true", help="keep the sluice homes of the runs")
+    parser.add_argument("--task", choices=("generate", "totals"), help=argparse.SUPPRESS)
+    parser.add_argument("--kind", choices=("parquet", "delta"), help=argparse.SUPPRESS)
+    parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--budget-min", type=float, default=14.0,
                         help="stop starting new rounds when the next one would end past this many minutes "
                              "(make bench must finish in 15; 0 = no budget)")
@@ -704,6 +752,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.task == "generate":
+        root = Path(args.data_dir) if args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"
+        print(json.dumps(asdict(generate_dataset(args.events, root, smoke=args.smoke))))
+        return 0
+    if args.task == "totals":
+        print(json.dumps(output_totals(args.kind, Path(args.path))))
+        return 0
     started = time.monotonic()
     info = machine_info()
     log(f"machine: {info['nproc']} cpu ({info['cpu']}), {info['mem_total_gb']} GB, load {info['load_avg_at_start']}; "
@@ -776,7 +831,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     }
     results_dir = Path(args.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
-    suffix = "-smoke" if args.smoke else ""
+    suffix = ("-smoke" if args.smoke else "") + (f"-{args.tag}" if args.tag else "")
     target = results_dir / f"{datetime.now(UTC):%Y-%m-%d}{suffix}.json"
     target.write_text(json.dumps(results, indent=2, default=str) + "\n")
 

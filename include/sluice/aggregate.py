@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from deltalake import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -106,10 +107,25 @@ class PipelineRunner:
             self._run_output(output)
         return self.result
 
+    def input_versions(self) -> dict[str, int]:
+        """The current Delta version of every bronze input (metadata only)."""
+        versions = {}
+        for stream in self.pipeline.inputs:
+            path = tables.bronze(self.settings.stream(stream)).path(self.settings)
+            versions[stream] = DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else -1
+        return versions
+
     def _run_output(self, output: Output) -> None:
-        windowed = output.build(self.inputs(), self.pipeline.window)
         checkpoint = self.checkpoint(output)
         self.result.closed.setdefault(output.name, [])
+        # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
+        # window can close. Skipping saves starting a streaming query (seconds) on idle cycles.
+        marker = checkpoint / "sluice_input_versions.json"
+        versions = self.input_versions()
+        if marker.exists() and json.loads(marker.read_text()) == versions:
+            log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
+            return
+        windowed = output.build(self.inputs(), self.pipeline.window)
         query = (
             windowed.writeStream.queryName(f"sluice_{self.pipeline.name}_{output.name}")
             .outputMode("append")
@@ -119,6 +135,7 @@ class PipelineRunner:
             .start()
         )
         query.awaitTermination()
+        marker.write_text(json.dumps(versions, sort_keys=True))
 
     def _sink(self, output: Output, checkpoint: Path, df: DataFrame, batch_id: int) -> None:
         rows = gold_rows(output, df, self.pipeline.window).persist(StorageLevel.MEMORY_AND_DISK)

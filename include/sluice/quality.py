@@ -152,12 +152,13 @@ class QualityChecker:
         on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
         ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task).
         ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them."""
-        from sluice.dq import WindowValidator
-
         windows = sorted(set(windows if windows is not None else self.pending()))
         report = QualityReport(self.pipeline.name)
         if not windows:
             return report
+        # Imported only when there is something to validate: GE takes seconds to import.
+        from sluice.dq import WindowValidator
+
         for table in (tables.DQ_RESULTS, tables.ALERTS):
             self.engine.ensure_table(table.path(self.settings), table.schema)
         inputs = self._inputs(windows, include_late)

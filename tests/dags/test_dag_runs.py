@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import email
 import json
+import os
 import socketserver
 import threading
 from collections import Counter
@@ -22,13 +23,32 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
-from sluice.generate import GenerateOptions
+from sluice.generate import GenerateOptions, generate
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 SOCKET_TIMEOUT = 10.0
 
 Window = tuple[datetime, datetime]
+PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+# Product bugs these tests found (see the report); each xfail is strict, so the fix turns it into a failure
+# that asks for the marker to go.
+BUG_BATCH_DEDUP = (
+    "sluice.pipelines.transforms.dedup_within_watermark calls DataFrame.dropDuplicatesWithinWatermark, which "
+    "Spark 4 rejects on batch DataFrames (AnalysisException 'dropDuplicatesWithinWatermark is not supported "
+    "with batch DataFrames/DataSets'); Backfill._inputs runs the same prepare transforms in batch, so every "
+    "backfill of either pipeline dies at rows.localCheckpoint(). Fix: `df.dropDuplicatesWithinWatermark(keys) "
+    "if df.isStreaming else df.dropDuplicates(keys)`"
+)
+BUG_ALERT_UPDATE = (
+    "sluice.quality.deliver_pending_alerts marks a delivered alert with DeltaTable.update(predicate=\"... AND "
+    "window_start = TIMESTAMP '<ts>+00:00'\"); delta-rs 1.6 fails that predicate against the timestamp(us, UTC) "
+    "column ('Invalid comparison operation: Timestamp(us, \"UTC\") <= Timestamp(ns)'), so after POSTing/mailing "
+    "the FIRST failing window the send_alerts task crashes: later windows are never alerted and the first "
+    "row stays 'pending' (re-sent by every later run). Fix: compare with arrow_cast('<ts>Z', "
+    "'Timestamp(Microsecond, Some(\"UTC\"))') (verified with deltalake 1.6.6)"
+)
 
 # Every dag.test() needs its own logical date in the shared metadata DB.
 _LOGICAL = iter(datetime(2025, 1, 1, tzinfo=UTC) + timedelta(hours=i) for i in range(10_000))
@@ -251,23 +271,45 @@ def smtp_server() -> Iterator[SmtpServer]:
 
 
 # ------------------------------------------------------------------------------------------------ tests
+@dataclass
+class ScheduledRun:
+    home: Path
+    now: datetime
+    dag_run: Any
+
+
+@pytest.fixture(scope="module")
+def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Callable[..., Any]) -> ScheduledRun:
+    """One scheduled ad_clicks_hourly run on two hours of data, shared by the scheduled-run test and the
+    backfill DAG test that follows it (a Spark DAG run costs minutes)."""
+    home = tmp_path_factory.mktemp("ad-clicks-dag") / "sluice-home"
+    now = START + 4 * HOUR
+    with pytest.MonkeyPatch.context() as mp:
+        for name in list(os.environ):
+            if name.startswith(("SLUICE_", "AIRFLOW_CONN_")) or name in PROXIES:
+                mp.delenv(name)
+        mp.setenv("SLUICE_HOME", str(home))
+        mp.setenv("SLUICE_NOW", rfc3339(now))
+        options = GenerateOptions(hours=2, impressions_per_hour=300, streams=("impressions", "clicks"))
+        generate(home / "landing", options)
+        dag_run = run_dag("ad_clicks_hourly", logical_date())
+    return ScheduledRun(home, now, dag_run)
+
+
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-def test_ad_clicks_hourly_then_backfill(sluice_home: Any, run_dag: Callable[..., Any]) -> None:
-    """The scheduled DAG fills gold, the ledger and DQ results; the backfill DAG then rewrites the range
-    (identical content: no late data brought in) and marks its windows ``reprocessed``."""
-    home = sluice_home.home
-    sluice_home.generate(GenerateOptions(hours=2, impressions_per_hour=300, streams=("impressions", "clicks")))
+def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
+    """The scheduled DAG fills both gold tables, the ledger (validated windows), DQ results and Data Docs."""
+    home, run = ad_clicks_scheduled.home, ad_clicks_scheduled.dag_run
     windows = hours(2)
-
-    run = run_dag("ad_clicks_hourly", logical_date())
     assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "success"}
     assert run_state(run) == "success"
 
     gold = rows(home, "gold/ad_clicks_hourly")
     assert {window(r) for r in gold} == set(windows)
     assert sum(r["impressions"] for r in gold) >= 500  # ~300 impressions an hour were generated
+    assert sum(r["clicks"] for r in gold) > 0
     assert all(0 <= r["ctr"] <= 1 for r in gold)
     assert rows(home, "gold/unmatched_clicks_hourly"), "unknown-impression clicks must be counted"
     assert ledger(home, "ad_clicks_hourly") == {w: "validated" for w in windows}
@@ -275,6 +317,20 @@ def test_ad_clicks_hourly_then_backfill(sluice_home: Any, run_dag: Callable[...,
     assert (home / "data_docs" / "index.html").is_file()
     assert rows(home, "ops/alerts") == []
 
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+@pytest.mark.xfail(strict=True, reason=BUG_BATCH_DEDUP)
+def test_backfill_dag_after_a_scheduled_run(
+    ad_clicks_scheduled: ScheduledRun, run_dag: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, clean_env: None
+) -> None:
+    """The backfill DAG rewrites the range (identical content: no late data brought in), re-runs DQ and marks
+    the windows ``reprocessed``."""
+    home = ad_clicks_scheduled.home
+    monkeypatch.setenv("SLUICE_HOME", str(home))
+    monkeypatch.setenv("SLUICE_NOW", rfc3339(ad_clicks_scheduled.now))
+    windows = hours(2)
     gold_before = {t: sorted_rows(home, t) for t in ("gold/ad_clicks_hourly", "gold/unmatched_clicks_hourly")}
     versions_before = {t: delta_version(home, t) for t in (*gold_before, "ops/dq_results", "ops/window_ledger")}
 
@@ -323,6 +379,7 @@ def test_user_activity_hourly_then_maintenance(sluice_home: Any, run_dag: Callab
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
+@pytest.mark.xfail(strict=True, reason=BUG_ALERT_UPDATE)
 def test_failing_windows_alert_through_webhook_and_smtp(
     sluice_home: Any, run_dag: Callable[..., Any], webhook: WebhookServer, smtp_server: SmtpServer
 ) -> None:
