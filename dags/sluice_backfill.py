@@ -58,6 +58,7 @@ def sluice_backfill() -> None:
             "--start", "{{ params.start }}",
             "--end", "{{ params.end }}",
             "--include-late", "{{ params.include_late | string | lower }}",
+            "--no-deliver",
         ],
     )
     send_alerts = send_alerts_task(validate_params)

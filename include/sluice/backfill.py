@@ -106,7 +106,15 @@ def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | 
 
 
 class Backfill:
-    def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, request: BackfillRequest):
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        engine: DeltaEngine,
+        request: BackfillRequest,
+        deliver_alerts: bool = True,
+    ):
+        self.deliver_alerts = deliver_alerts
         self.spark = spark
         self.settings = settings
         self.engine = engine
@@ -175,7 +183,7 @@ class Backfill:
         result.skipped_open = sorted(set(result.skipped_open) - windows)
         self._mark_ledger(result)
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
-            result.windows, final_state="reprocessed", include_late=req.include_late
+            result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts
         )
         result.seconds = time.monotonic() - started
         return result
@@ -200,8 +208,10 @@ def run_backfill(
     end: str | datetime,
     include_late: bool = False,
     spark: SparkSession | None = None,
+    *,
+    deliver_alerts: bool = True,
 ) -> BackfillResult:
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
     with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
-        return Backfill(spark, settings, get_engine(spark), request).run()
+        return Backfill(spark, settings, get_engine(spark), request, deliver_alerts).run()

@@ -91,7 +91,10 @@ def cmd_backfill(args: argparse.Namespace) -> int:
     from sluice.backfill import run_backfill
 
     settings = _settings(args)
-    result = run_backfill(settings, args.pipeline, args.start, args.end, include_late=args.include_late)
+    result = run_backfill(
+        settings, args.pipeline, args.start, args.end, include_late=args.include_late,
+        deliver_alerts=not args.no_deliver,
+    )
     print(result.render())
     return result.exit_code
 
@@ -158,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also bring in the DLQ records (a bare flag, or true/false)",
     )
     backfill.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    backfill.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
     backfill.set_defaults(func=cmd_backfill)
 
     status = sub.add_parser("status", help="watermarks, last arrivals and row counts")

@@ -115,11 +115,12 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
             docs_path=str(docs_dir(settings) / "index.html"), raised_at=row["raised_at"],
         )
         channels = send_alert(alert)
-        start = row["window_start"].strftime("%Y-%m-%d %H:%M:%S")
+        # Keyed by the stored message (pipeline + window + failures): a string predicate, because delta-rs
+        # cannot compare a timestamp(us, UTC) column with a timestamp literal.
+        stored = str(row["message"]).replace("'", "''")
         DeltaTable(str(path)).update(
             updates={"channels": f"'{','.join(channels) or 'none'}'"},
-            predicate=(f"pipeline = '{pipeline}' AND channels = '{PENDING}' "
-                       f"AND window_start = TIMESTAMP '{start}+00:00'"),
+            predicate=f"pipeline = '{pipeline}' AND channels = '{PENDING}' AND message = '{stored}'",
         )
         sent.append(alert.message)
     return sent
