@@ -126,7 +126,11 @@ class WindowValidator:
         lateness_threshold: float = 0.01,
         window_seconds: int = 3600,
         store_dir: Path | None = None,
+        run_time: datetime | None = None,
     ) -> None:
+        # The injected "now" of the cycle: it names the validation runs (and so the Data Docs pages and
+        # docs_path in ops/dq_results), which must not depend on the wall clock.
+        self._run_time = run_time
         if not 0 <= lateness_threshold <= 1:
             raise ValueError(f"lateness_threshold must be within [0, 1], got {lateness_threshold!r}")
         if window_seconds < 1:
@@ -173,7 +177,7 @@ class WindowValidator:
         # One run per window: both results sit together under this run name in the Data Docs index. The
         # run time is the wall clock so that a reprocessed window keeps its earlier results as history.
         run_id = RunIdentifier(
-            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=datetime.now(UTC)
+            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time or datetime.now(UTC)
         )
 
         totals_suite = self._totals_suite(pipeline, list(completeness), completeness)

@@ -166,6 +166,7 @@ class QualityChecker:
         validator = WindowValidator(
             docs_dir(self.settings),
             lateness_threshold=self.settings.lateness_threshold,
+            run_time=self.settings.now(),
             window_seconds=int(self.pipeline.window.size.total_seconds()),
         )
         main = self.pipeline.outputs[0]
