@@ -355,6 +355,10 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
     if "ingest_start" in marks and "done" in marks:
         stages["teardown"] = wall - marks["done"]
     d["stages"] = {k: round(v, 2) for k, v in stages.items()}
+    # sluice's own log lines (not Spark's or GE's), with their arrival times, for whoever tunes it next.
+    own = [f"{ts:7.2f} {line[:240]}" for ts, line in sorted([*err, *out], key=lambda item: item[0])
+           if "sluice." in line and "great_expectations" not in line]
+    d["log"] = own if len(own) <= 400 else [*own[:200], f"... {len(own) - 400} lines ...", *own[-200:]]
     if d.get("dq_windows") and "dq" in stages:
         d["dq_per_window_s"] = round(stages["dq"] / d["dq_windows"], 3)
     return d
@@ -526,7 +530,14 @@ class Bench:
             round_started = time.monotonic()
             # Alternate: each round starts with the next group, so no stage always runs first (or last).
             k = rep % len(groups)
-            for group in groups[k:] + groups[:k]:
+            for i, group in enumerate(groups[k:] + groups[:k]):
+                # The first round always completes (the summary line needs every stage); later rounds stop
+                # at a group boundary once the budget is spent, e.g. when the machine got busier.
+                if rep and budget and time.monotonic() - self.started > budget:
+                    self.notes.append(f"round {rep + 1} stopped after {i} of {len(groups)} stage groups: the "
+                                      f"{self.args.budget_min:g}-minute budget was spent (--budget-min 0 disables it)")
+                    log(self.notes[-1])
+                    return
                 group(rep)
             self.rounds_done = rep + 1
             elapsed = time.monotonic() - self.started

@@ -42,23 +42,6 @@ ENV = {"SLUICE_LATENESS_THRESHOLD": "0.5"}
 
 Window = tuple[datetime, datetime]
 
-# Product bugs these tests found (see the report); each xfail is strict, so the fix turns it into a failure
-# that asks for the marker to go.
-BUG_BATCH_DEDUP = (
-    "sluice.pipelines.transforms.dedup_within_watermark calls DataFrame.dropDuplicatesWithinWatermark, which "
-    "Spark 4 rejects on batch DataFrames (AnalysisException 'dropDuplicatesWithinWatermark is not supported "
-    "with batch DataFrames/DataSets'); Backfill._inputs runs the same prepare transforms in batch, so every "
-    "backfill of either pipeline dies at rows.localCheckpoint(). Fix: `df.dropDuplicatesWithinWatermark(keys) "
-    "if df.isStreaming else df.dropDuplicates(keys)`"
-)
-BUG_LATE_COMPLETENESS = (
-    "(after the batch-dedup bug) QualityChecker's completeness check compares gold sum(impressions) with "
-    "count(DISTINCT impression_id) of bronze only, but a backfill with include_late=True puts the DLQ records "
-    "into gold; every window it was meant to repair then fails 'completeness:impressions (gold=N+k bronze=N)', "
-    "is marked failed instead of reprocessed and raises an alert. Fix: let Backfill pass include_late to "
-    "QualityChecker.check and count bronze UNION the stream's DLQ records on the bronze side in that case"
-)
-
 
 # ------------------------------------------------------------------------------------------------ helpers
 def utc(value: datetime) -> datetime:
@@ -247,7 +230,6 @@ def _backfill(settings: Settings, spark: SparkSession, start: datetime, end: dat
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_BATCH_DEDUP)
 def test_backfill_without_late_equals_streaming_reprocesses_and_skips_open(
     base: Base, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -285,7 +267,6 @@ def test_backfill_without_late_equals_streaming_reprocesses_and_skips_open(
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_BATCH_DEDUP)
 def test_include_late_changes_exactly_the_late_windows_and_is_repeatable(
     base: Base, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -335,7 +316,6 @@ def test_include_late_changes_exactly_the_late_windows_and_is_repeatable(
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_LATE_COMPLETENESS)
 def test_include_late_backfill_passes_its_own_quality_checks(
     base: Base, spark: SparkSession, tmp_path: Path
 ) -> None:
@@ -393,7 +373,6 @@ def processes() -> Iterator[list[subprocess.Popen[Any]]]:
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_BATCH_DEDUP)
 def test_backfill_waits_for_a_running_cycle_and_commits_after_it(
     spark: SparkSession, tmp_path: Path, processes: list[subprocess.Popen[Any]]
 ) -> None:

@@ -99,8 +99,8 @@ def run_dag(airflow_db: Path, dagbag: Any) -> Callable[..., Any]:
 
     def run(dag_id: str, logical_date: datetime, run_conf: dict[str, Any] | None = None) -> Any:
         assert dag_id in dagbag.dags, f"{dag_id} not in the DagBag: {dagbag.import_errors}"
-        # The DAG as shipped, except that a retry comes after 1 s instead of Airflow's default 5 min (dag.test
-        # waits it out): a failing task is still retried as often as the DAG says, the test just fails sooner.
+        # The DAG as shipped, except that a retry comes after 1 s instead of the DAG's retry_delay (dag.test
+        # sleeps it out): a failing task is still retried as often as the DAG says, the test just fails sooner.
         dag = copy.deepcopy(dagbag.dags[dag_id])
         for task in dag.tasks:
             task.retry_delay = RETRY_DELAY

@@ -32,24 +32,6 @@ SOCKET_TIMEOUT = 10.0
 Window = tuple[datetime, datetime]
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
-# Product bugs these tests found (see the report); each xfail is strict, so the fix turns it into a failure
-# that asks for the marker to go.
-BUG_BATCH_DEDUP = (
-    "sluice.pipelines.transforms.dedup_within_watermark calls DataFrame.dropDuplicatesWithinWatermark, which "
-    "Spark 4 rejects on batch DataFrames (AnalysisException 'dropDuplicatesWithinWatermark is not supported "
-    "with batch DataFrames/DataSets'); Backfill._inputs runs the same prepare transforms in batch, so every "
-    "backfill of either pipeline dies at rows.localCheckpoint(). Fix: `df.dropDuplicatesWithinWatermark(keys) "
-    "if df.isStreaming else df.dropDuplicates(keys)`"
-)
-BUG_ALERT_UPDATE = (
-    "sluice.quality.deliver_pending_alerts marks a delivered alert with DeltaTable.update(predicate=\"... AND "
-    "window_start = TIMESTAMP '<ts>+00:00'\"); delta-rs 1.6 fails that predicate against the timestamp(us, UTC) "
-    "column ('Invalid comparison operation: Timestamp(us, \"UTC\") <= Timestamp(ns)'), so after POSTing/mailing "
-    "the FIRST failing window the send_alerts task crashes: later windows are never alerted and the first "
-    "row stays 'pending' (re-sent by every later run). Fix: compare with arrow_cast('<ts>Z', "
-    "'Timestamp(Microsecond, Some(\"UTC\"))') (verified with deltalake 1.6.6)"
-)
-
 # Every dag.test() needs its own logical date in the shared metadata DB.
 _LOGICAL = iter(datetime(2025, 1, 1, tzinfo=UTC) + timedelta(hours=i) for i in range(10_000))
 
@@ -321,7 +303,6 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_BATCH_DEDUP)
 def test_backfill_dag_after_a_scheduled_run(
     ad_clicks_scheduled: ScheduledRun, run_dag: Callable[..., Any], monkeypatch: pytest.MonkeyPatch, clean_env: None
 ) -> None:
@@ -379,7 +360,6 @@ def test_user_activity_hourly_then_maintenance(sluice_home: Any, run_dag: Callab
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1800)
-@pytest.mark.xfail(strict=True, reason=BUG_ALERT_UPDATE)
 def test_failing_windows_alert_through_webhook_and_smtp(
     sluice_home: Any, run_dag: Callable[..., Any], webhook: WebhookServer, smtp_server: SmtpServer
 ) -> None:
