@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -127,13 +125,7 @@ class Backfill:
         margin = pipeline.window.size + pipeline.lateness_bound + timedelta(hours=1)
         lo, hi = req.start - margin, req.end + margin
 
-        def in_range(values: Mapping[str, Any]) -> bool:
-            if values.get("event_date") is None:
-                return True
-            hour = datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(
-                hours=int(values["event_hour"])
-            )
-            return lo <= hour < hi
+        in_range = tables.hours_overlapping(lo, hi)
 
         frames = {}
         for stream, prepare in pipeline.inputs.items():

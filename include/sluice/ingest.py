@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -463,11 +463,7 @@ class StreamIngest:
         event hour, so only the hours inside the horizon are read."""
         horizon = prior.watermark - self.settings.dedup_retention if prior.watermark else None
 
-        def in_horizon(values: Mapping[str, Any]) -> bool:
-            if horizon is None or values.get("event_date") is None:
-                return True
-            start = datetime.combine(values["event_date"], datetime.min.time(), horizon.tzinfo)
-            return start + timedelta(hours=int(values["event_hour"]) + 1) > horizon
+        in_horizon = tables.hours_overlapping(horizon, None)
 
         id_field = self.spec.id_field
         bronze = self.engine.read(self.bronze.path(self.settings), files=in_horizon)

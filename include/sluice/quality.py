@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -76,18 +76,7 @@ def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "ev
 
 
 def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], bool]:
-    lo = min(s for s, _ in windows)
-    hi = max(e for _, e in windows)
-
-    def accept(values: Mapping[str, Any]) -> bool:
-        if values.get("event_date") is None:
-            return True
-        start = datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(
-            hours=int(values["event_hour"])
-        )
-        return start + timedelta(hours=1) > lo and start < hi
-
-    return accept
+    return tables.hours_overlapping(min(s for s, _ in windows), max(e for _, e in windows))
 
 
 PENDING = "pending"

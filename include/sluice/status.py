@@ -4,7 +4,7 @@ Spark, so it answers in about a second)."""
 from __future__ import annotations
 
 from collections import Counter
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import pyarrow as pa
 from deltalake import DeltaTable
@@ -23,9 +23,9 @@ def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
     actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
     hours = set()
     for part in actions.column("partition").to_pylist() if actions.num_rows else []:
-        if part and part.get("event_date") is not None:
-            start = datetime.combine(part["event_date"], datetime.min.time(), UTC)
-            hours.add(start + timedelta(hours=part["event_hour"]))
+        hour = tables.partition_hour(part or {})
+        if hour is not None:
+            hours.add(hour)
     return hours
 
 

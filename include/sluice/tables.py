@@ -5,8 +5,11 @@ Column names are part of the contract that acceptance tests read, so they live h
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 from pyspark.sql.types import (
     BooleanType,
@@ -163,3 +166,23 @@ ALERTS = TableDef(
         )
     ),
 )
+
+
+def partition_hour(values: Mapping[str, Any]) -> datetime | None:
+    """The event hour of a bronze partition (``event_date``, ``event_hour``), or None for null partitions."""
+    if values.get("event_date") is None:
+        return None
+    return datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(hours=int(values["event_hour"]))
+
+
+def hours_overlapping(lo: datetime | None, hi: datetime | None) -> Callable[[Mapping[str, Any]], bool]:
+    """Partition predicate: bronze hours that overlap ``[lo, hi)`` (None = unbounded). Callers still filter
+    rows on event_time; this only decides which files are read."""
+
+    def accept(values: Mapping[str, Any]) -> bool:
+        hour = partition_hour(values)
+        if hour is None:
+            return True
+        return (lo is None or hour + timedelta(hours=1) > lo) and (hi is None or hour < hi)
+
+    return accept
