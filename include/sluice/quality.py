@@ -94,10 +94,13 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
     data = read_small_table(path)
     if data is None:
         return []
-    sent = []
+    sent: list[str] = []
+    handled: set[str] = set()
     for row in data.to_pylist():
-        if row["pipeline"] != pipeline or row["channels"] != PENDING:
+        # Rows with the same message are one alert: the update below marks them all delivered at once.
+        if row["pipeline"] != pipeline or row["channels"] != PENDING or row["message"] in handled:
             continue
+        handled.add(row["message"])
         alert = Alert(
             pipeline=row["pipeline"], window_start=row["window_start"], window_end=row["window_end"],
             failed=json.loads(row["failed_expectations"] or "[]"),
