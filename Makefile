@@ -42,7 +42,10 @@ lint: setup
 	$(BIN)/mypy
 
 bench: setup
-	$(BIN)/python bench/run.py
+	$(BIN)/python bench/run.py $(ARGS)
+
+bench-smoke: setup
+	$(BIN)/python bench/run.py --smoke
 
 # The Airflow UI on http://localhost:8080 with sluice's DAGs (standalone: SQLite, one process tree).
 airflow: setup
