@@ -30,6 +30,7 @@ from sluice.ledger import LedgerRow, late_counts, read_ledger, write_ledger
 from sluice.pipelines import PipelineDef
 from sluice.pipelines.base import Output, WindowSpec
 from sluice.pipelines.transforms import without_heartbeats
+from sluice.spark import collected_utc
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -141,7 +142,7 @@ class PipelineRunner:
         rows = gold_rows(output, df, self.pipeline.window).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             counts = {
-                (_utc(r["window_start"]), _utc(r["window_end"])): int(r["n"])
+                (collected_utc(r["window_start"]), collected_utc(r["window_end"])): int(r["n"])
                 for r in rows.groupBy("window_start", "window_end").agg(F.count(F.lit(1)).alias("n")).collect()
             }
             watermark = batch_watermark(checkpoint, batch_id)
@@ -203,10 +204,6 @@ class PipelineRunner:
             self.spark, self.settings, self.engine, rows,
             app_id=f"sluice.ledger.{output.name}", version=batch_id,
         )
-
-
-def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
 
 
 def run_pipeline(

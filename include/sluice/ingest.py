@@ -29,7 +29,7 @@ import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,8 @@ from pyspark.sql.types import StringType, StructField, StructType
 from sluice import tables
 from sluice.config import Settings, StreamSpec
 from sluice.delta.engine import DeltaEngine, read_small_table
+from sluice.spark import collected_utc
+from sluice.tables import HEARTBEAT_PREFIX
 
 log = logging.getLogger("sluice.ingest")
 
@@ -49,7 +51,6 @@ log = logging.getLogger("sluice.ingest")
 # Spark's cast alone would also accept zoneless strings and read them in the session zone.
 RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
-HEARTBEAT_PREFIX = "__heartbeat__"
 
 
 def app_id(stream: str) -> str:
@@ -118,18 +119,6 @@ def load_state(settings: Settings, stream: str) -> StreamState:
     names = {f.name for f in tables.INGEST_BATCHES.schema.fields}
     rows = [BatchRow(**{k: v for k, v in r.items() if k in names}) for r in table.to_pylist()]
     return StreamState(sorted(rows, key=lambda r: r.batch_id))
-
-
-def utc(value: datetime | None) -> datetime | None:
-    """Spark's collect() returns naive datetimes in the local zone; make them aware UTC."""
-    if value is None:
-        return None
-    # astimezone() reads a naive value as local time, which is exactly what Spark produced.
-    return value.astimezone(UTC)
-
-
-def _aware(value: datetime) -> datetime:
-    return value.astimezone(UTC)
 
 
 def _max(a: datetime | None, b: datetime | None) -> datetime | None:
@@ -307,7 +296,7 @@ class StreamIngest:
         spec = self.spec
         state = load_state(self.settings, spec.name)
         files: list[tuple[datetime, str]] = sorted(
-            (_aware(r["arrival_time"]), r["source_file"])
+            (collected_utc(r["arrival_time"]), r["source_file"])
             for r in df.select("arrival_time", "source_file").distinct().collect()
         )
         if not files:
@@ -360,7 +349,7 @@ class StreamIngest:
             )
             .collect()
         }
-        max_event = {s: utc(r["max_event"]) for s, r in per_file.items()}
+        max_event = {s: collected_utc(r["max_event"]) for s, r in per_file.items() if r["max_event"] is not None}
         marks = file_watermarks(
             [(s, max_event.get(s)) for s in seq.values()],
             prior.watermark,

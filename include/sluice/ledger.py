@@ -20,6 +20,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine, read_small_table
+from sluice.spark import collected_utc
 from sluice.tables import TableDef
 
 WINDOW_LEDGER = TableDef(
@@ -87,13 +88,7 @@ def late_counts(
         .count()
         .collect()
     )
-    return {(_utc(r["ws"]), _utc(r["we"])): int(r["count"]) for r in counted}
-
-
-def _utc(value: datetime) -> datetime:
-    from datetime import UTC
-
-    return value.astimezone(UTC)
+    return {(collected_utc(r["ws"]), collected_utc(r["we"])): int(r["count"]) for r in counted}
 
 
 def replace_windows(

@@ -12,7 +12,7 @@ import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +24,7 @@ from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine
 from sluice.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
 from sluice.pipelines import PipelineDef
+from sluice.spark import collected_utc
 
 log = logging.getLogger("sluice.quality")
 
@@ -60,10 +61,6 @@ class QualityReport:
 
 def docs_dir(settings: Settings) -> Path:
     return settings.home / "data_docs"
-
-
-def _utc(value: datetime) -> datetime:
-    return value.astimezone(UTC)
 
 
 def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
@@ -207,12 +204,12 @@ class QualityChecker:
                 source = source.unionByName(dlq.select(*spec.fields).withColumn("_bronze", F.lit(0)))
             aggs = [F.sum("_bronze").alias("n"), F.expr(measure[1] if measure else "0").alias("m")]
             for r in _in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs).collect():
-                w = (_utc(r["_ws"]), _utc(r["_we"]))
+                w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
                 records[w] = records.get(w, 0) + int(r["n"] or 0)
                 if measure:
                     bronze_totals[(measure[0], w)] = int(r["m"])
             for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
-                w = (_utc(r["_ws"]), _utc(r["_we"]))
+                w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
                 late[w] = late.get(w, 0) + int(r["count"])
         gold_totals: dict[tuple[str, Window], int] = {}
         for name, gold_expr, _stream, _bronze in specs:

@@ -5,10 +5,17 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from datetime import UTC, datetime
 
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+
+
+def collected_utc(value: datetime) -> datetime:
+    """A timestamp from ``collect()`` as aware UTC. PySpark returns naive datetimes in the process's local
+    zone, and ``astimezone`` reads a naive value as local time, which is exactly what Spark produced."""
+    return value.astimezone(UTC)
 
 
 def require_java() -> None:

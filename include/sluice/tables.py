@@ -122,6 +122,9 @@ INGEST_BATCHES = TableDef(
     ),
 )
 
+# Heartbeat rows carry keys with this prefix (see sluice.ingest and sluice.pipelines.transforms).
+HEARTBEAT_PREFIX = "__heartbeat__"
+
 QUARANTINE_REASONS = ("malformed_json", "missing_field", "bad_timestamp", "early")
 
 

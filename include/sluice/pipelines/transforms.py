@@ -20,11 +20,11 @@ from pyspark.sql import functions as F
 
 from sluice.config import StreamSpec
 from sluice.pipelines.base import Inputs, WindowSpec, spark_interval
+from sluice.tables import HEARTBEAT_PREFIX
 
 Transform = Callable[[DataFrame], DataFrame]
 
 CLICK_JOIN_BOUND = timedelta(minutes=30)
-HEARTBEAT_PREFIX = "__heartbeat__"
 
 
 def watermarked(spec: StreamSpec, time_column: str = "event_time") -> Transform:
