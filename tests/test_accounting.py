@@ -140,33 +140,45 @@ CRASH_OPTIONS = replace(OPTIONS, hours=1.25, streams=("impressions", "clicks"), 
 CRASH_NOW = (CRASH_OPTIONS.start + timedelta(hours=3)).isoformat()
 
 
+# The same crash, with the aggregate going through the batch catch-up (sluice.aggregate) instead.
+CATCH_UP = {"SLUICE_CATCHUP_MIN_WINDOWS": "1"}
+
+
 @pytest.fixture(scope="module")
-def clean_run(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[tuple[object, ...]]]:
-    """The reference: the same data through one uninterrupted cycle."""
-    home = tmp_path_factory.mktemp("clean")
-    generate(home / "landing", CRASH_OPTIONS)
-    clean = _run_cli(home, CRASH_NOW)
-    assert clean.returncode == 0, clean.stderr[-3000:]
-    return _table_snapshot(home)
+def clean_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str, list[tuple[object, ...]]]]:
+    """The references: the same data through one uninterrupted cycle, streamed and caught up in batch."""
+    out = {}
+    for catch_up in (False, True):
+        home = tmp_path_factory.mktemp("clean")
+        generate(home / "landing", CRASH_OPTIONS)
+        clean = _run_cli(home, CRASH_NOW, CATCH_UP if catch_up else None)
+        assert clean.returncode == 0, clean.stderr[-3000:]
+        assert (home / "lake/_checkpoints/pipelines/ad_clicks_hourly/catchup.json").exists() == catch_up
+        out[catch_up] = _table_snapshot(home)
+    return out
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kill_after",
+    ("kill_after", "catch_up"),
     [
-        "bronze/impressions:2",  # between the tables of one ingest micro-batch (ops row already committed)
-        "gold/ad_clicks_hourly:1",  # in the middle of the aggregate: gold written, ledger not yet
-        "ops/window_ledger:1",  # between the two outputs of the pipeline
+        ("bronze/impressions:2", False),  # between the tables of one ingest micro-batch (ops row committed)
+        ("gold/ad_clicks_hourly:1", False),  # in the middle of the aggregate: gold written, ledger not yet
+        ("ops/window_ledger:1", False),  # between the two outputs of the pipeline
+        ("gold/ad_clicks_hourly:1", True),  # the catch-up's first gold commit, before its ledger rows
+        ("ops/window_ledger:1", True),  # between the catch-up's two outputs
     ],
 )
 def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
-    tmp_path: Path, kill_after: str, clean_run: dict[str, list[tuple[object, ...]]]
+    tmp_path: Path, kill_after: str, catch_up: bool, clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]]
 ) -> None:
+    clean_run = clean_runs[catch_up]
+    env = CATCH_UP if catch_up else {}
     crash_home = tmp_path / "crash"
     generate(crash_home / "landing", CRASH_OPTIONS)
-    crashed = _run_cli(crash_home, CRASH_NOW, {"SLUICE_KILL_AFTER_COMMIT": kill_after})
+    crashed = _run_cli(crash_home, CRASH_NOW, {**env, "SLUICE_KILL_AFTER_COMMIT": kill_after})
     assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-2000:]}"
-    rerun = _run_cli(crash_home, CRASH_NOW)
+    rerun = _run_cli(crash_home, CRASH_NOW, env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
     crash_tables = _table_snapshot(crash_home)

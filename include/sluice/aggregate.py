@@ -8,6 +8,17 @@ in one query, RocksDB state), and writes closed windows in append mode. The sink
 * appends the windows to gold in one Delta commit keyed by (query, batch id), so a replayed batch is a
   no-op and every window is written exactly once,
 * records the windows in ops/window_ledger with the watermark that closed them.
+
+Batch catch-up. Replaying a long backlog through stateful streaming operators costs 2-3x what the same
+logic costs as one Spark batch. So when a pipeline's queries start fresh (no checkpoint) and at least
+``catchup_min_windows`` windows are already closable, the runner first computes every window that ends
+at or before the boundary ``B = watermark - lateness_bound`` in batch from bronze (the backfill code path:
+same transforms, same rows), commits it like the sink would, and records ``B`` in
+``<checkpoints>/pipelines/<pipeline>/catchup.json``. The streaming queries then read only the bronze rows
+that can still reach a window ending after ``B`` (event_time >= B - window size - lateness_bound; whole
+hourly partitions before that are not even read) and their sink drops windows ending at or before ``B``,
+which the batch wrote. The marker is written before the batch commits (state ``pending``), and those
+commits carry their own app transactions, so a crash anywhere in between is repaired by the next run.
 """
 
 from __future__ import annotations
@@ -26,7 +37,8 @@ from pyspark.sql import functions as F
 from sluice import tables
 from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine
-from sluice.ledger import LedgerRow, late_counts, read_ledger, write_ledger
+from sluice.ingest import load_state
+from sluice.ledger import LedgerRow, late_counts, next_version, read_ledger, write_ledger
 from sluice.pipelines import PipelineDef
 from sluice.pipelines.base import Output, WindowSpec
 from sluice.pipelines.transforms import without_heartbeats
@@ -58,6 +70,63 @@ def batch_watermark(checkpoint: Path, batch_id: int) -> datetime | None:
     return datetime.fromtimestamp(millis / 1000, UTC) if millis else None
 
 
+def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
+    """The pipeline's event-time watermark: the slowest of its streams (Spark's default 'min' policy)."""
+    marks = [load_state(settings, s).watermark for s in pipeline.streams]
+    if any(m is None for m in marks):
+        return None
+    return min(m for m in marks if m is not None)
+
+
+def batch_inputs(
+    settings: Settings,
+    engine: DeltaEngine,
+    pipeline: PipelineDef,
+    lo: datetime | None,
+    hi: datetime,
+    include_late: bool = False,
+) -> dict[str, DataFrame]:
+    """The pipeline's prepared inputs as batch frames: bronze rows with event_time in [lo, hi) (plus the
+    DLQ with ``include_late``), read only from the hourly partitions that overlap the range."""
+    in_range = tables.hours_overlapping(lo, hi)
+    frames = {}
+    for stream, prepare in pipeline.inputs.items():
+        spec = settings.stream(stream)
+        bronze = engine.read(tables.bronze(spec).path(settings), files=in_range)
+        if include_late:
+            dlq = engine.read(tables.dlq(spec).path(settings))
+            bronze = bronze.unionByName(dlq.select(*[F.col(f) for f in spec.fields]), allowMissingColumns=True)
+        keep = F.col("event_time") < F.lit(hi)
+        if lo is not None:
+            keep = keep & (F.col("event_time") >= F.lit(lo))
+        frames[stream] = bronze.filter(keep).transform(prepare(spec))
+    return frames
+
+
+@dataclass(frozen=True)
+class CatchUp:
+    """A batch catch-up of a pipeline: windows ending at or before ``boundary`` are computed in batch."""
+
+    boundary: datetime
+    watermark: datetime
+    version: int  # app-transaction version of its gold and ledger commits
+    done: bool = False
+
+    def to_json(self) -> str:
+        return json.dumps({"boundary": self.boundary.isoformat(), "watermark": self.watermark.isoformat(),
+                           "version": self.version, "done": self.done}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> CatchUp:
+        raw = json.loads(text)
+        return cls(datetime.fromisoformat(raw["boundary"]), datetime.fromisoformat(raw["watermark"]),
+                   int(raw["version"]), bool(raw["done"]))
+
+    def stream_from(self, pipeline: PipelineDef) -> datetime:
+        """The oldest event time that can still reach a window ending after the boundary."""
+        return self.boundary - pipeline.window.size - pipeline.lateness_bound
+
+
 def gold_rows(output: Output, df: DataFrame, window: WindowSpec) -> DataFrame:
     """Sink-side shaping shared by the streaming and backfill paths: contract columns, no heartbeats,
     deterministic order."""
@@ -82,6 +151,10 @@ class PipelineRunner:
     def checkpoint(self, output: Output) -> Path:
         return self.settings.checkpoints / "pipelines" / self.pipeline.name / output.name
 
+    @property
+    def catchup_marker(self) -> Path:
+        return self.settings.checkpoints / "pipelines" / self.pipeline.name / "catchup.json"
+
     def ensure_tables(self) -> None:
         from sluice.ledger import WINDOW_LEDGER
 
@@ -89,24 +162,114 @@ class PipelineRunner:
             self.engine.ensure_table(output.table.path(self.settings), output.table.schema)
         self.engine.ensure_table(WINDOW_LEDGER.path(self.settings), WINDOW_LEDGER.schema)
 
-    def inputs(self, streaming: bool = True) -> dict[str, DataFrame]:
+    def inputs(self, since: datetime | None = None) -> dict[str, DataFrame]:
+        """The streaming inputs; ``since`` (after a catch-up) skips bronze rows older than it."""
         frames = {}
         for stream, prepare in self.pipeline.inputs.items():
             spec = self.settings.stream(stream)
             path = tables.bronze(spec).path(self.settings)
-            raw = (
-                self.engine.read_stream(path, max_files_per_trigger=self.settings.max_files_per_trigger)
-                if streaming
-                else self.engine.read(path)
+            raw = self.engine.read_stream(
+                path, max_files_per_trigger=self.settings.max_files_per_trigger, min_event_time=since
             )
+            if since is not None:
+                raw = raw.filter(F.col("event_time") >= F.lit(since))
             frames[stream] = raw.transform(prepare(spec))
         return frames
 
     def run(self) -> AggregateResult:
         self.ensure_tables()
         for output in self.pipeline.outputs:
-            self._run_output(output)
+            self.result.closed.setdefault(output.name, [])
+        if not any(r.accepted for s in self.pipeline.streams for r in load_state(self.settings, s).rows):
+            # Only heartbeats so far: no window can hold a row, and a later first query replays these
+            # versions anyway. Skipping saves starting the stateful queries (seconds each) on empty runs.
+            log.info("%s: no records accepted yet; nothing to aggregate", self.pipeline.name)
+            return self.result
+        catchup = self.catch_up()
+        for output in self.pipeline.outputs:
+            self._run_output(output, catchup)
         return self.result
+
+    # -- batch catch-up (see the module docstring) ----------------------------------------------------
+    def _started(self, output: Output) -> bool:
+        commits = self.checkpoint(output) / "commits"
+        return commits.is_dir() and any(commits.iterdir())
+
+    def catch_up(self) -> CatchUp | None:
+        """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
+        marker = self.catchup_marker
+        if marker.exists():
+            catchup = CatchUp.from_json(marker.read_text())
+        else:
+            planned = self._plan_catch_up()
+            if planned is None:
+                return None
+            catchup = planned
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            _write_atomic(marker, catchup.to_json())
+        if not catchup.done:
+            self._run_catch_up(catchup)
+            catchup = CatchUp(catchup.boundary, catchup.watermark, catchup.version, done=True)
+            _write_atomic(marker, catchup.to_json())
+        return catchup
+
+    def _plan_catch_up(self) -> CatchUp | None:
+        minimum = self.settings.catchup_min_windows
+        if minimum <= 0 or any(self._started(o) for o in self.pipeline.outputs):
+            return None
+        watermark = pipeline_watermark(self.settings, self.pipeline)
+        if watermark is None:
+            return None
+        boundary = watermark - self.pipeline.lateness_bound
+        # The oldest data any stream has accepted: its files' max event times bound it from above, which
+        # is close enough to size the backlog.
+        oldest = [
+            r.max_event_time
+            for s in self.pipeline.streams
+            for r in load_state(self.settings, s).rows
+            if r.accepted and r.max_event_time is not None
+        ]
+        if not oldest:
+            return None
+        backlog = (boundary - min(oldest)) / self.pipeline.window.slide
+        if backlog < minimum:
+            return None
+        from sluice.ledger import WINDOW_LEDGER
+
+        versions = [
+            version
+            for o in self.pipeline.outputs
+            for version in (
+                next_version(self.engine, o.table.path(self.settings), self._catchup_app(o)),
+                next_version(self.engine, WINDOW_LEDGER.path(self.settings), f"sluice.ledger.catchup.{o.name}"),
+            )
+        ]
+        log.info("%s: %.0f window(s) of backlog; computing windows ending by %s in batch (catch-up)",
+                 self.pipeline.name, backlog, boundary.isoformat())
+        return CatchUp(boundary, watermark, max(versions))
+
+    @staticmethod
+    def _catchup_app(output: Output) -> str:
+        return f"sluice.catchup.{output.name}"
+
+    def _run_catch_up(self, catchup: CatchUp) -> None:
+        pipeline = self.pipeline
+        hi = catchup.boundary + pipeline.lateness_bound
+        inputs = batch_inputs(self.settings, self.engine, pipeline, None, hi)
+        for output in pipeline.outputs:
+            self.result.closed.setdefault(output.name, [])
+            rows = (
+                gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
+                .filter(F.col("window_end") <= F.lit(catchup.boundary))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            try:
+                meta = {"pipeline": pipeline.name, "output": output.name, "catchup": True,
+                        "watermark": catchup.watermark, "boundary": catchup.boundary}
+                self._commit_windows(output, rows, meta, catchup.watermark, self._catchup_app(output),
+                                     catchup.version, ledger_app=f"sluice.ledger.catchup.{output.name}")
+            finally:
+                rows.unpersist()
 
     def input_versions(self) -> dict[str, int]:
         """The current Delta version of every bronze input (metadata only)."""
@@ -116,7 +279,7 @@ class PipelineRunner:
             versions[stream] = DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else -1
         return versions
 
-    def _run_output(self, output: Output) -> None:
+    def _run_output(self, output: Output, catchup: CatchUp | None = None) -> None:
         checkpoint = self.checkpoint(output)
         self.result.closed.setdefault(output.name, [])
         # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
@@ -126,49 +289,66 @@ class PipelineRunner:
         if marker.exists() and json.loads(marker.read_text()) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
             return
-        windowed = output.build(self.inputs(), self.pipeline.window)
+        since = catchup.stream_from(self.pipeline) if catchup else None
+        windowed = output.build(self.inputs(since), self.pipeline.window)
+        after = catchup.boundary if catchup else None
         query = (
             windowed.writeStream.queryName(f"sluice_{self.pipeline.name}_{output.name}")
             .outputMode("append")
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
-            .foreachBatch(lambda df, batch_id: self._sink(output, checkpoint, df, batch_id))
+            .foreachBatch(lambda df, batch_id: self._sink(output, checkpoint, df, batch_id, after))
             .start()
         )
         query.awaitTermination()
         marker.write_text(json.dumps(versions, sort_keys=True))
 
-    def _sink(self, output: Output, checkpoint: Path, df: DataFrame, batch_id: int) -> None:
-        rows = gold_rows(output, df, self.pipeline.window).persist(StorageLevel.MEMORY_AND_DISK)
+    def _sink(
+        self, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+    ) -> None:
+        rows = gold_rows(output, df, self.pipeline.window)
+        if after is not None:
+            # Windows up to the catch-up boundary were written by the batch catch-up.
+            rows = rows.filter(F.col("window_end") > F.lit(after))
+        rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            counts = {
-                (collected_utc(r["window_start"]), collected_utc(r["window_end"])): int(r["n"])
-                for r in rows.groupBy("window_start", "window_end").agg(F.count(F.lit(1)).alias("n")).collect()
-            }
-            watermark = batch_watermark(checkpoint, batch_id)
-            if not counts:
-                return
-            windows = sorted(counts)
-            meta = {
-                "pipeline": self.pipeline.name,
-                "output": output.name,
-                "batch_id": batch_id,
-                "watermark": watermark,
-                "closed_windows": [[s.isoformat(), e.isoformat()] for s, e in windows],
-            }
-            app_id = f"sluice.gold.{output.name}"
-            self.engine.append(rows, output.table.path(self.settings), app_id=app_id, version=batch_id, metadata=meta)
-            self._record_closed(output, counts, watermark, batch_id)
-            self.result.closed[output.name].extend(windows)
-            for start, end in windows:
-                log.info("%s: closed window %s..%s (%d rows, watermark %s)", output.name,
-                         start.strftime("%Y-%m-%d %H:%M"), end.strftime("%H:%M"), counts[(start, end)],
-                         watermark.isoformat() if watermark else "-")
+            meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
+            self._commit_windows(output, rows, meta, batch_watermark(checkpoint, batch_id),
+                                 f"sluice.gold.{output.name}", batch_id, ledger_app=f"sluice.ledger.{output.name}")
         finally:
             rows.unpersist()
 
+    def _commit_windows(
+        self,
+        output: Output,
+        rows: DataFrame,
+        meta: dict[str, object],
+        watermark: datetime | None,
+        app_id: str,
+        version: int,
+        *,
+        ledger_app: str,
+    ) -> None:
+        """Append closed windows to gold in one commit and record them in the ledger (both idempotent per
+        (app_id, version))."""
+        counts = {
+            (collected_utc(r["window_start"]), collected_utc(r["window_end"])): int(r["n"])
+            for r in rows.groupBy("window_start", "window_end").agg(F.count(F.lit(1)).alias("n")).collect()
+        }
+        if not counts:
+            return
+        windows = sorted(counts)
+        meta = {**meta, "watermark": watermark, "closed_windows": [[s.isoformat(), e.isoformat()] for s, e in windows]}
+        self.engine.append(rows, output.table.path(self.settings), app_id=app_id, version=version, metadata=meta)
+        self._record_closed(output, counts, watermark, app_id=ledger_app, version=version)
+        self.result.closed[output.name].extend(windows)
+        for start, end in windows:
+            log.info("%s: closed window %s..%s (%d rows, watermark %s)", output.name,
+                     start.strftime("%Y-%m-%d %H:%M"), end.strftime("%H:%M"), counts[(start, end)],
+                     watermark.isoformat() if watermark else "-")
+
     def _record_closed(
-        self, output: Output, counts: dict[Window, int], watermark: datetime | None, batch_id: int
+        self, output: Output, counts: dict[Window, int], watermark: datetime | None, *, app_id: str, version: int
     ) -> None:
         """Ledger rows for windows this batch closed. A pipeline with several outputs shares one ledger row
         per window; the first output to close it creates the row, later ones add their rows."""
@@ -200,10 +380,13 @@ class PipelineRunner:
                         updated_at=now,
                     )
                 )
-        write_ledger(
-            self.spark, self.settings, self.engine, rows,
-            app_id=f"sluice.ledger.{output.name}", version=batch_id,
-        )
+        write_ledger(self.spark, self.settings, self.engine, rows, app_id=app_id, version=version)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.replace(path)
 
 
 def run_pipeline(

@@ -18,11 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice import tables
-from sluice.aggregate import gold_rows
+from sluice.aggregate import batch_inputs, gold_rows, pipeline_watermark
 from sluice.config import ConfigError, Settings, parse_timestamp
 from sluice.delta.engine import DeltaEngine, get_engine
-from sluice.ingest import load_state
 from sluice.ledger import LedgerRow, next_version, read_ledger, write_ledger
 from sluice.locks import pipeline_lock
 from sluice.pipelines import PipelineDef, get_pipeline
@@ -95,14 +93,6 @@ def validate_request(
     return BackfillRequest(definition, start_ts, end_ts, include_late)
 
 
-def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
-    """The pipeline's event-time watermark: the slowest of its streams (Spark's default 'min' policy)."""
-    marks = [load_state(settings, s).watermark for s in pipeline.streams]
-    if any(m is None for m in marks):
-        return None
-    return min(m for m in marks if m is not None)
-
-
 class Backfill:
     def __init__(
         self,
@@ -123,22 +113,8 @@ class Backfill:
         pipeline = req.pipeline
         # Everything that can reach a window in range: the window itself, plus the join bound both ways.
         margin = pipeline.window.size + pipeline.lateness_bound + timedelta(hours=1)
-        lo, hi = req.start - margin, req.end + margin
-
-        in_range = tables.hours_overlapping(lo, hi)
-
-        frames = {}
-        for stream, prepare in pipeline.inputs.items():
-            spec = self.settings.stream(stream)
-            bronze = self.engine.read(tables.bronze(spec).path(self.settings), files=in_range)
-            if req.include_late:
-                dlq = self.engine.read(tables.dlq(spec).path(self.settings))
-                bronze = bronze.unionByName(
-                    dlq.select(*[F.col(f) for f in spec.fields]), allowMissingColumns=True
-                )
-            bronze = bronze.filter((F.col("event_time") >= F.lit(lo)) & (F.col("event_time") < F.lit(hi)))
-            frames[stream] = bronze.transform(prepare(spec))
-        return frames
+        return batch_inputs(self.settings, self.engine, pipeline, req.start - margin, req.end + margin,
+                            include_late=req.include_late)
 
     def run(self) -> BackfillResult:
         started = time.monotonic()

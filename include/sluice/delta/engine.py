@@ -24,6 +24,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import unquote
@@ -85,8 +86,12 @@ class DeltaEngine(Protocol):
     def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
         """A batch snapshot of the table, pruned to the partitions ``files`` accepts."""
 
-    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
-        """A streaming read: offsets are Delta versions; works with ``trigger(availableNow=True)``."""
+    def read_stream(
+        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
+    ) -> DataFrame:
+        """A streaming read: offsets are Delta versions; works with ``trigger(availableNow=True)``.
+        ``min_event_time`` lets the engine skip files of event hours that end before it (rows are not
+        filtered: callers filter rows themselves)."""
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         """Custom commit metadata of the newest ``limit`` commits, newest first."""
@@ -295,13 +300,17 @@ class RsDeltaEngine:
         table = self._table(path)
         return self._read_files(path, table, self._files(table, files))
 
-    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+    def read_stream(
+        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
+    ) -> DataFrame:
         from sluice.delta.stream_source import register
 
         register(self.spark)
         reader = self.spark.readStream.format("sluice_delta").option("path", str(path))
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+        if min_event_time is not None:
+            reader = reader.option("minEventTime", min_event_time.isoformat())
         return reader.load()
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:

@@ -13,11 +13,13 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from sluice.delta.engine import PartitionPredicate, RsDeltaEngine
@@ -107,11 +109,17 @@ class NativeDeltaEngine:
         )
         return df.where(condition)
 
-    def read_stream(self, path: Path, *, max_files_per_trigger: int | None = None) -> DataFrame:
+    def read_stream(
+        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
+    ) -> DataFrame:
         reader = self.spark.readStream.format("delta")
         if max_files_per_trigger:
             reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
-        return reader.load(str(path))
+        frame = reader.load(str(path))
+        if min_event_time is not None:
+            # A filter on the partition column lets Delta's streaming source skip whole partitions.
+            frame = frame.filter(F.col("event_date") >= F.lit(min_event_time.date()))
+        return frame
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         return self._meta.history_metadata(path, limit)

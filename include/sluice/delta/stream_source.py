@@ -21,6 +21,9 @@ Streaming semantics (offsets are Delta table versions, ``{"version": <int>}``):
   removed by log cleanup, the newest checkpoint at or before the batch end is read as a snapshot.
 * ``maxFilesPerTrigger`` (default 1000, as in Delta) bounds the number of new files per micro-batch, but
   a commit is never split: a batch always contains at least one whole commit.
+* ``minEventTime`` (ISO 8601, with zone) skips the files of hourly event partitions (``event_date``,
+  ``event_hour``, the layout of sluice's bronze tables) that end at or before it. It prunes files only:
+  rows are not filtered, so the query applies its own row filter as well.
 * ``Trigger.AvailableNow`` is supported: the latest version when the query starts is the target, and
   nothing committed afterwards is read by that run.
 
@@ -40,6 +43,7 @@ import re
 import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -367,6 +371,14 @@ class DeltaFilesPartition(InputPartition):
         self.files = files
 
 
+def _partition_hour_end(values: PartitionValues) -> datetime | None:
+    """End of the event hour a file of an (event_date, event_hour) partitioned table holds."""
+    day, hour = values.get("event_date"), values.get("event_hour")
+    if day is None or hour is None:
+        return None
+    return datetime.fromisoformat(day).replace(tzinfo=UTC) + timedelta(hours=int(hour) + 1)
+
+
 def _plan_partitions(files: Iterable[DataFile]) -> list[InputPartition]:
     partitions: list[InputPartition] = []
     group: list[DataFile] = []
@@ -519,6 +531,19 @@ def _bool_option(options: Mapping[str, Any], key: str) -> bool:
     return raw == "true"
 
 
+def _time_option(options: Mapping[str, Any], key: str) -> datetime | None:
+    raw = _option(options, key)
+    if raw is None:
+        return None
+    try:
+        value = datetime.fromisoformat(raw.replace("Z", "+00:00"))
+    except ValueError:
+        raise ValueError(f"{SOURCE_NAME}: option {key}={raw!r} is not an ISO 8601 timestamp") from None
+    if value.tzinfo is None:
+        raise ValueError(f"{SOURCE_NAME}: option {key}={raw!r} needs a zone (e.g. Z)")
+    return value.astimezone(UTC)
+
+
 def _table_option(options: Mapping[str, Any]) -> str:
     path = _option(options, "path")
     if path is None:
@@ -562,8 +587,10 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_files_per_trigger: int = DEFAULT_MAX_FILES_PER_TRIGGER,
         starting_version: int | str | None = None,
         skip_change_commits: bool = False,
+        min_event_time: datetime | None = None,
     ) -> None:
         self.table = table
+        self.min_event_time = min_event_time
         self.schema = schema
         self.max_files_per_trigger = max_files_per_trigger
         self.starting_version = starting_version
@@ -634,7 +661,11 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         begin, finish = _offset_version(start), _offset_version(end)
         if finish <= begin:
             return []
-        return _plan_partitions(f for commit in self.log.commits(begin, finish) for f in commit.files)
+        files = (f for commit in self.log.commits(begin, finish) for f in commit.files)
+        if self.min_event_time is not None:
+            cutoff = self.min_event_time
+            files = (f for f in files if (ends := _partition_hour_end(f.partition_values)) is None or ends > cutoff)
+        return _plan_partitions(files)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return _read_partition(partition, self.schema)
@@ -645,7 +676,7 @@ class DeltaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 class DeltaDataSource(DataSource):
     """``spark.read[Stream].format("sluice_delta")``: options ``path``, ``version`` (batch),
-    ``startingVersion`` (int or ``latest``), ``maxFilesPerTrigger``, ``skipChangeCommits``."""
+    ``startingVersion`` (int or ``latest``), ``maxFilesPerTrigger``, ``skipChangeCommits``, ``minEventTime``."""
 
     @classmethod
     def name(cls) -> str:
@@ -670,6 +701,7 @@ class DeltaDataSource(DataSource):
             max_files_per_trigger=DEFAULT_MAX_FILES_PER_TRIGGER if max_files is None else max_files,
             starting_version=starting,
             skip_change_commits=_bool_option(self.options, "skipChangeCommits"),
+            min_event_time=_time_option(self.options, "minEventTime"),
         )
 
 
