@@ -280,6 +280,8 @@ CYCLE_RE = {
     "aggregate_start": re.compile(r"\bcycle \S+: aggregating closed windows"),
     "ingest": re.compile(r"\bingest (impressions|clicks)\s+batch\s+\d+ (heartbeat)?"),
     "closed": re.compile(r"\b(\w+): closed window \d{4}-"),
+    "catchup_end": re.compile(r"\b\S+: catch-up done"),
+    "dq_start": re.compile(r"\bcycle \S+: checking data quality"),
     "dq": re.compile(r"\b\S+: data quality on (\d+) window\(s\): (\d+) passed, (\d+) failed"),
     "render": re.compile(r"^sluice run \S+: (\d+) batch\(es\) in ([0-9.]+)s"),
     "backfill": re.compile(r"^sluice backfill .*: (\d+) window\(s\) rewritten in ([0-9.]+)s"),
@@ -292,9 +294,10 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
     * startup: until 'cycle ...: ingesting' (interpreter, imports, JVM, SparkSession);
     * ingest_<stream>: the ingest of a stream logs one line per landing file, all at the end of its Spark
       batch, so the last such line ends that stream's ingest; ingest ends at 'aggregating closed windows';
-    * aggregate_<output>: closed-window lines come at the end of each output's sink;
-    * dq: from the last closed-window line to 'data quality on N window(s)' (with no closed windows the
-      two steps cannot be told apart and are reported together as aggregate+dq);
+    * aggregate_<output>: closed-window lines come at the end of each output's sink; with a batch catch-up,
+      aggregate_catchup (until 'catch-up done') and aggregate_stream (until 'checking data quality');
+    * dq: from 'checking data quality' (or the last closed-window line) to 'data quality on N window(s)'
+      (with neither, the two steps cannot be told apart and are reported together as aggregate+dq);
     * report: until the CLI prints its summary (accounting table); teardown: the rest (JVM exit).
     A backfill logs too little for this; it gets in_process (its own timer) and startup+teardown.
     """
@@ -311,6 +314,10 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
             marks[f"ingest_end_{stream}"] = ts
             key = "heartbeats" if m.group(2) else "ingest_batches"
             d[key][stream] = d[key].get(stream, 0) + 1
+        elif CYCLE_RE["catchup_end"].search(line):
+            marks["catchup_end"] = ts
+        elif CYCLE_RE["dq_start"].search(line):
+            marks["dq_start"] = ts
         elif m := CYCLE_RE["closed"].search(line):
             marks[f"closed_end_{m.group(1)}"] = ts
             marks["closed_end"] = ts
@@ -336,8 +343,16 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
                 if f"ingest_end_{stream}" in marks:
                     stages[f"ingest_{stream}"] = marks[f"ingest_end_{stream}"] - previous
                     previous = marks[f"ingest_end_{stream}"]
-            agg_end = marks.get("closed_end")
-            if agg_end is not None:
+            agg_end = marks.get("dq_start", marks.get("closed_end"))
+            if "catchup_end" in marks and "dq_start" in marks:
+                # Batch catch-up, then the streaming queries (which close nothing more in a one-shot run).
+                stages["aggregate"] = marks["dq_start"] - marks["aggregate_start"]
+                stages["aggregate_catchup"] = marks["catchup_end"] - marks["aggregate_start"]
+                stages["aggregate_stream"] = marks["dq_start"] - marks["catchup_end"]
+                if "dq_end" in marks:
+                    stages["dq"] = marks["dq_end"] - marks["dq_start"]
+                    stages["report"] = done - marks["dq_end"]
+            elif agg_end is not None:
                 stages["aggregate"] = agg_end - marks["aggregate_start"]
                 previous = marks["aggregate_start"]
                 for output in OUTPUTS:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -253,6 +254,7 @@ class PipelineRunner:
         return f"sluice.catchup.{output.name}"
 
     def _run_catch_up(self, catchup: CatchUp) -> None:
+        started = time.monotonic()
         pipeline = self.pipeline
         hi = catchup.boundary + pipeline.lateness_bound
         inputs = batch_inputs(self.settings, self.engine, pipeline, None, hi)
@@ -270,6 +272,8 @@ class PipelineRunner:
                                      catchup.version, ledger_app=f"sluice.ledger.catchup.{output.name}")
             finally:
                 rows.unpersist()
+        log.info("%s: catch-up done in %.1fs: %d window(s) up to %s; streaming from there", pipeline.name,
+                 time.monotonic() - started, len(self.result.windows), catchup.boundary.isoformat())
 
     def input_versions(self) -> dict[str, int]:
         """The current Delta version of every bronze input (metadata only)."""

@@ -78,6 +78,8 @@ def run_cycle(
         batches = run_ingest(spark, settings, engine, streams)
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = run_pipeline(spark, settings, engine, definition)
+        if check_quality:
+            log.info("cycle %s: checking data quality", pipeline)
         quality = (
             QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)
             if check_quality

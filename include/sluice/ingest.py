@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 import pyarrow.compute as pc
 from pyspark import StorageLevel
@@ -51,6 +53,7 @@ log = logging.getLogger("sluice.ingest")
 # Spark's cast alone would also accept zoneless strings and read them in the session zone.
 RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
+LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 
 
 def app_id(stream: str) -> str:
@@ -262,12 +265,38 @@ class StreamIngest:
         self.ensure_tables()
         self.reconcile_heartbeats()
         landing = self.settings.landing_dir(self.spec.name)
-        if landing.is_dir():
+        if landing.is_dir() and self._pending(landing):
             self._run_query(landing)
+        elif landing.is_dir():
+            log.info("%s: no new landing files", self.spec.name)
         else:
             log.info("%s: landing directory %s does not exist yet; stream is idle", self.spec.name, landing)
         self.maybe_heartbeat()
         return self.reports
+
+    def _pending(self, landing: Path) -> bool:
+        """Whether the ingest query has anything to do: a landing file that no ops row records yet, or a
+        Spark batch that was planned but never committed (a crash). Starting an availableNow query costs
+        seconds even when it finds nothing, which is the common case of a scheduled cycle. Errs towards
+        True: an unmatched name (e.g. an empty file, which yields no ops row) only costs that start."""
+
+        def last(folder: Path) -> int:
+            if not folder.is_dir():
+                return -1
+            return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=-1)
+
+        if last(self.checkpoint / "offsets") != last(self.checkpoint / "commits"):
+            return True
+        seen = {
+            unquote(urlparse(r.source_file).path)
+            for r in load_state(self.settings, self.spec.name).rows
+            if r.source_file
+        }
+        return any(
+            f.name.endswith(LANDING_SUFFIXES) and os.path.abspath(f) not in seen
+            for f in landing.iterdir()
+            if f.is_file()
+        )
 
     def _run_query(self, landing: Path) -> None:
         self._query_id = self.query_id()
@@ -405,8 +434,8 @@ class StreamIngest:
         }
         appid = app_id(spec.name)
         # The ops rows go first: they pin the batch ids if the rest has to be retried.
-        self.engine.append(
-            self._ops_frame(rows), tables.INGEST_BATCHES.path(self.settings),
+        self.engine.append_rows(
+            self._ops_rows(rows), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=appid, version=last_id, metadata=meta,
         )
         payload = [F.col(f"_s_{f}").alias(f) if f != "event_time" else F.col("event_time")
@@ -440,10 +469,9 @@ class StreamIngest:
         for row in rows:
             self._report(row)
 
-    def _ops_frame(self, rows: Iterable[BatchRow]) -> DataFrame:
-        return self.spark.createDataFrame(
-            [tuple(asdict(r).values()) for r in rows], tables.INGEST_BATCHES.schema
-        ).coalesce(1)
+    @staticmethod
+    def _ops_rows(rows: Iterable[BatchRow]) -> list[tuple[Any, ...]]:
+        return [tuple(asdict(r).values()) for r in rows]
 
     def _seen_ids(self, prior: StreamState, first_id: int) -> DataFrame:
         """Ids that were accepted or dead-lettered before this batch, within the dedup horizon.
@@ -488,8 +516,8 @@ class StreamIngest:
             max_event_time=event_time,
             is_heartbeat=True,
         )
-        self.engine.append(
-            self._ops_frame([row]), tables.INGEST_BATCHES.path(self.settings),
+        self.engine.append_rows(
+            self._ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=app_id(spec.name), version=row.batch_id, metadata=self._hb_meta(row),
         )
         self._write_heartbeat(row)
@@ -527,9 +555,8 @@ class StreamIngest:
             *values.values(), self.settings.now(), None, row.batch_id, True,
             row.max_event_time.date(), row.max_event_time.hour,
         )
-        frame = self.spark.createDataFrame([record], self.bronze.schema)
-        self.engine.append(
-            frame, self.bronze.path(self.settings), app_id=app_id(spec.name),
+        self.engine.append_rows(
+            [record], self.bronze.schema, self.bronze.path(self.settings), app_id=app_id(spec.name),
             version=row.batch_id, metadata=self._hb_meta(row),
         )
 

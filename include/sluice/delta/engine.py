@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -64,6 +64,19 @@ class DeltaEngine(Protocol):
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         """Append ``df`` in one commit, idempotently. Returns False when that version was already there."""
+
+    def append_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Like :meth:`append`, for a handful of rows built on the driver (ops rows, heartbeats): no Spark
+        job needed to write them."""
 
     def replace(
         self,
@@ -233,6 +246,43 @@ class RsDeltaEngine:
         if self._already(table, app_id, version, path):
             return False
         actions: list[AddAction | RemoveAction] = list(self._stage(df, path, table))
+        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
+        _maybe_kill(path)
+        return True
+
+    def append_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        table = self._table(path)
+        if self._already(table, app_id, version, path):
+            return False
+        data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], arrow_schema(schema))
+        partition_by = table.metadata().partition_columns
+        groups: dict[tuple[Any, ...], list[int]] = {}
+        for i, values in enumerate(zip(*(data.column(c).to_pylist() for c in partition_by), strict=True)
+                                   if partition_by else [()] * data.num_rows):
+            groups.setdefault(tuple(values), []).append(i)
+        actions: list[AddAction | RemoveAction] = []
+        now_ms = int(time.time() * 1000)
+        for values, indices in sorted(groups.items(), key=lambda item: str(item[0])):
+            # The same hive-style layout Spark writes (and _partition_values reads back).
+            parts = {k: None if v is None else str(v) for k, v in zip(partition_by, values, strict=True)}
+            folder = "/".join(f"{k}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(v, safe='')}"
+                              for k, v in parts.items())
+            rel = f"{folder}/" if folder else ""
+            rel += f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            dest = path / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            pq.write_table(data.take(indices).drop_columns(list(partition_by)), dest, compression="snappy")
+            actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values=parts,
+                                     modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
         self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
         _maybe_kill(path)
         return True

@@ -61,6 +61,19 @@ class NativeDeltaEngine:
         self._writer(df, app_id, version, metadata).mode("append").save(str(path))
         return True
 
+    def append_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        frame = self.spark.createDataFrame([tuple(r) for r in rows], schema).coalesce(1)
+        return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
+
     def replace(
         self,
         df: DataFrame,
