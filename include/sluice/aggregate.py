@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -34,6 +35,7 @@ from deltalake import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
 
 from sluice import tables
 from sluice.config import Settings
@@ -148,6 +150,7 @@ class PipelineRunner:
         self.engine = engine
         self.pipeline = pipeline
         self.result = AggregateResult(pipeline.name)
+        self._turnstile = _Turnstile(len(pipeline.outputs))
 
     def checkpoint(self, output: Output) -> Path:
         return self.settings.checkpoints / "pipelines" / self.pipeline.name / output.name
@@ -187,8 +190,28 @@ class PipelineRunner:
             log.info("%s: no records accepted yet; nothing to aggregate", self.pipeline.name)
             return self.result
         catchup = self.catch_up()
-        for output in self.pipeline.outputs:
-            self._run_output(output, catchup)
+        # The outputs' queries run side by side: on small increments their time is mostly fixed latency
+        # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
+        # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
+        self._turnstile = _Turnstile(len(self.pipeline.outputs))
+        running: list[tuple[int, StreamingQuery, Path, dict[str, int]]] = []
+        try:
+            for index, output in enumerate(self.pipeline.outputs):
+                started = self._start_output(index, output, catchup)
+                if started is None:
+                    self._turnstile.finish(index)
+                else:
+                    running.append((index, *started))
+            for index, query, marker, versions in running:
+                try:
+                    query.awaitTermination()
+                finally:
+                    self._turnstile.finish(index)
+                marker.write_text(json.dumps(versions, sort_keys=True))
+        finally:
+            for _index, query, _marker, _versions in running:
+                if query.isActive:
+                    query.stop()
         return self.result
 
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
@@ -283,7 +306,9 @@ class PipelineRunner:
             versions[stream] = DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else -1
         return versions
 
-    def _run_output(self, output: Output, catchup: CatchUp | None = None) -> None:
+    def _start_output(
+        self, index: int, output: Output, catchup: CatchUp | None
+    ) -> tuple[StreamingQuery, Path, dict[str, int]] | None:
         checkpoint = self.checkpoint(output)
         self.result.closed.setdefault(output.name, [])
         # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
@@ -292,7 +317,7 @@ class PipelineRunner:
         versions = self.input_versions()
         if marker.exists() and json.loads(marker.read_text()) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
-            return
+            return None
         since = catchup.stream_from(self.pipeline) if catchup else None
         windowed = output.build(self.inputs(since), self.pipeline.window)
         after = catchup.boundary if catchup else None
@@ -301,14 +326,21 @@ class PipelineRunner:
             .outputMode("append")
             .option("checkpointLocation", str(checkpoint))
             .trigger(availableNow=True)
-            .foreachBatch(lambda df, batch_id: self._sink(output, checkpoint, df, batch_id, after))
+            .foreachBatch(lambda df, batch_id: self._sink(index, output, checkpoint, df, batch_id, after))
             .start()
         )
-        query.awaitTermination()
-        marker.write_text(json.dumps(versions, sort_keys=True))
+        return query, marker, versions
 
     def _sink(
-        self, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+        self, index: int, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+    ) -> None:
+        try:
+            self._sink_batch(index, output, checkpoint, df, batch_id, after)
+        finally:
+            self._turnstile.passed(index, batch_id)
+
+    def _sink_batch(
+        self, index: int, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
     ) -> None:
         rows = gold_rows(output, df, self.pipeline.window)
         if after is not None:
@@ -318,7 +350,8 @@ class PipelineRunner:
         try:
             meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
             self._commit_windows(output, rows, meta, batch_watermark(checkpoint, batch_id),
-                                 f"sluice.gold.{output.name}", batch_id, ledger_app=f"sluice.ledger.{output.name}")
+                                 f"sluice.gold.{output.name}", batch_id, ledger_app=f"sluice.ledger.{output.name}",
+                                 turn=(index, batch_id))
         finally:
             rows.unpersist()
 
@@ -332,6 +365,7 @@ class PipelineRunner:
         version: int,
         *,
         ledger_app: str,
+        turn: tuple[int, int] | None = None,
     ) -> None:
         """Append closed windows to gold in one commit and record them in the ledger (both idempotent per
         (app_id, version))."""
@@ -344,6 +378,8 @@ class PipelineRunner:
         windows = sorted(counts)
         meta = {**meta, "watermark": watermark, "closed_windows": [[s.isoformat(), e.isoformat()] for s, e in windows]}
         self.engine.append(rows, output.table.path(self.settings), app_id=app_id, version=version, metadata=meta)
+        if turn is not None:
+            self._turnstile.wait_turn(*turn)
         self._record_closed(output, counts, watermark, app_id=ledger_app, version=version)
         self.result.closed[output.name].extend(windows)
         for start, end in windows:
@@ -385,6 +421,34 @@ class PipelineRunner:
                     )
                 )
         write_ledger(self.spark, self.settings, self.engine, rows, app_id=app_id, version=version)
+
+
+class _Turnstile:
+    """Orders the ledger commits of a pipeline's concurrent queries: output k records batch b only after
+    every earlier output has passed batch b or finished. Earlier outputs never wait for later ones, so
+    this cannot deadlock; the ledger (shared by the outputs) then gets the same commits in the same order
+    as if the queries had run one after the other."""
+
+    def __init__(self, outputs: int) -> None:
+        self._cond = threading.Condition()
+        self._passed = [-1] * outputs
+        self._finished = [False] * outputs
+
+    def wait_turn(self, index: int, batch_id: int) -> None:
+        with self._cond:
+            self._cond.wait_for(
+                lambda: all(self._finished[j] or self._passed[j] >= batch_id for j in range(index))
+            )
+
+    def passed(self, index: int, batch_id: int) -> None:
+        with self._cond:
+            self._passed[index] = max(self._passed[index], batch_id)
+            self._cond.notify_all()
+
+    def finish(self, index: int) -> None:
+        with self._cond:
+            self._finished[index] = True
+            self._cond.notify_all()
 
 
 def _write_atomic(path: Path, text: str) -> None:
