@@ -420,7 +420,7 @@ class PipelineRunner:
                         updated_at=now,
                     )
                 )
-        write_ledger(self.spark, self.settings, self.engine, rows, app_id=app_id, version=version)
+        write_ledger(self.settings, self.engine, rows, app_id=app_id, version=version)
 
 
 class _Turnstile:

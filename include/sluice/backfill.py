@@ -21,6 +21,7 @@ from pyspark.sql import functions as F
 from sluice.aggregate import batch_inputs, gold_rows, pipeline_watermark
 from sluice.config import ConfigError, Settings, parse_timestamp
 from sluice.delta.engine import DeltaEngine, get_engine
+from sluice.dq import warm_up
 from sluice.ledger import LedgerRow, next_version, read_ledger, write_ledger
 from sluice.locks import pipeline_lock
 from sluice.pipelines import PipelineDef, get_pipeline
@@ -118,6 +119,7 @@ class Backfill:
 
     def run(self) -> BackfillResult:
         started = time.monotonic()
+        warm_up()  # every backfill validates what it rewrites
         req = self.request
         pipeline = req.pipeline
         result = BackfillResult(req)
@@ -129,11 +131,12 @@ class Backfill:
         windows: set[tuple[datetime, datetime]] = set()
         for output in pipeline.outputs:
             self.engine.ensure_table(output.table.path(self.settings), output.table.schema)
+            # One computation (gold-sized: windows x keys) feeds the open-window check, the counts and the commit.
             computed = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
-            rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", output.key)
-            rows = rows.localCheckpoint()  # one computation feeds both the count and the commit
-            for r in computed.filter(in_range & ~closed).select("window_start", "window_end").distinct().collect():
+            computed = computed.filter(in_range).localCheckpoint()
+            for r in computed.filter(~closed).select("window_start", "window_end").distinct().collect():
                 result.skipped_open.append((r[0].astimezone(UTC), r[1].astimezone(UTC)))
+            rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", output.key)
             counts = {
                 (r[0].astimezone(UTC), r[1].astimezone(UTC)): int(r[2])
                 for r in rows.groupBy("window_start", "window_end").count().collect()
@@ -166,7 +169,7 @@ class Backfill:
             row.state = "reprocessed"
             row.updated_at = now
             rows.append(row)
-        write_ledger(self.spark, self.settings, self.engine, rows, app_id=f"sluice.ledger.backfill.{name}")
+        write_ledger(self.settings, self.engine, rows, app_id=f"sluice.ledger.backfill.{name}")
 
 
 def run_backfill(

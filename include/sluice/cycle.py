@@ -14,6 +14,7 @@ from pyspark.sql import SparkSession
 from sluice.aggregate import AggregateResult, run_pipeline
 from sluice.config import Settings, pipeline_streams
 from sluice.delta.engine import get_engine
+from sluice.dq import warm_up
 from sluice.ingest import BatchRow, run_ingest
 from sluice.locks import pipeline_lock
 from sluice.pipelines import get_pipeline
@@ -76,6 +77,8 @@ def run_cycle(
     definition = get_pipeline(pipeline, settings.window_for(pipeline))
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
+        if check_quality and any(b.accepted for rows in batches.values() for b in rows):
+            warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = run_pipeline(spark, settings, engine, definition)
         if check_quality:

@@ -23,8 +23,10 @@ YAML file for concurrent processes to fight over).  The Data Docs site is a plai
 
 from __future__ import annotations
 
+import importlib
 import logging
 import math
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -548,3 +550,19 @@ def _format_window_length(window_seconds: int) -> _Formatter:
         return f"{wrong} of {rows} rows != {window_seconds}s" + (f" ({_sample(values)})" if values else "")
 
     return fmt
+
+
+def warm_up() -> None:
+    """Import Great Expectations in a background thread. It is seconds of pure-Python import work, so a
+    caller that will validate windows starts it before its Spark work, and the validator's own imports
+    then find the modules loaded (Python's per-module import locks make the two imports safe)."""
+    threading.Thread(target=_import_ge, name="sluice-ge-import", daemon=True).start()
+
+
+def _import_ge() -> None:
+    try:
+        for module in ("great_expectations", "great_expectations.data_context.types.base",
+                       "great_expectations.expectations.row_conditions"):
+            importlib.import_module(module)
+    except Exception:  # the validator's own import reports any problem, in context
+        log.debug("background import of Great Expectations failed", exc_info=True)

@@ -7,10 +7,11 @@ driver with delta-rs and rewritten through the engine in one atomic commit per c
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -92,32 +93,25 @@ def late_counts(
 
 
 def replace_windows(
-    spark: SparkSession,
     engine: DeltaEngine,
     path: Path,
-    frame: DataFrame,
+    rows: Sequence[Sequence[Any]],
+    schema: StructType,
     keys: Iterable[tuple[str, datetime, datetime]],
     *,
+    order_by: Sequence[str] = ("pipeline", "window_start", "window_end"),
     app_id: str,
     version: int,
 ) -> bool:
-    """Replace every row of the given (pipeline, window_start, window_end) keys with ``frame``, in one
-    atomic commit. Used for the ledger and the DQ results, which are keyed by window."""
-    key_frame = spark.createDataFrame(
-        list(set(keys)), "_p string, _s timestamp, _e timestamp"
-    ).withColumn("_hit", F.lit(True))
+    """Replace every row of the given (pipeline, window_start, window_end) keys with ``rows``, in one
+    atomic commit. Used for the ledger and the DQ results: both are keyed by window and small (one or a
+    few rows per window), so they are rewritten on the driver without a Spark job."""
+    victims = set(keys)
 
-    def keep(current: DataFrame) -> DataFrame:
-        joined = current.join(
-            F.broadcast(key_frame),
-            (current["pipeline"] == key_frame["_p"])
-            & (current["window_start"] == key_frame["_s"])
-            & (current["window_end"] == key_frame["_e"]),
-            "left",
-        )
-        return joined.filter(F.col("_hit").isNull()).select(*current.columns)
+    def drop(row: Mapping[str, Any]) -> bool:
+        return (row["pipeline"], row["window_start"], row["window_end"]) in victims
 
-    return engine.replace(frame, path, keep=keep, app_id=app_id, version=version)
+    return engine.replace_rows(rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version)
 
 
 def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
@@ -127,7 +121,6 @@ def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
 
 
 def write_ledger(
-    spark: SparkSession,
     settings: Settings,
     engine: DeltaEngine,
     rows: Iterable[LedgerRow],
@@ -141,8 +134,9 @@ def write_ledger(
         return False
     path = WINDOW_LEDGER.path(settings)
     engine.ensure_table(path, WINDOW_LEDGER.schema)
-    frame = spark.createDataFrame([tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema)
-    ordered = frame.coalesce(1).sortWithinPartitions("pipeline", "window_start", "window_end")
     if version is None:
         version = next_version(engine, path, app_id)
-    return replace_windows(spark, engine, path, ordered, [r.key for r in rows], app_id=app_id, version=version)
+    return replace_windows(
+        engine, path, [tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema, [r.key for r in rows],
+        app_id=app_id, version=version,
+    )

@@ -242,11 +242,10 @@ class QualityChecker:
             for o in v.outcomes
         ]
         path = tables.DQ_RESULTS.path(self.settings)
-        frame = self.spark.createDataFrame(dq_rows, tables.DQ_RESULTS.schema).coalesce(1).sortWithinPartitions(
-            "pipeline", "window_start", "expectation"
-        )
         app = f"sluice.dq.{name}"
-        replace_windows(self.spark, self.engine, path, frame, [(name, w[0], w[1]) for w, _v, _l in results],
+        keys = [(name, w[0], w[1]) for w, _v, _l in results]
+        replace_windows(self.engine, path, dq_rows, tables.DQ_RESULTS.schema, keys,
+                        order_by=("pipeline", "window_start", "window_end", "expectation"),
                         app_id=app, version=next_version(self.engine, path, app))
 
         ledger = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, name)}
@@ -277,7 +276,7 @@ class QualityChecker:
                                    ",".join(channels) if deliver else PENDING,
                                    json.dumps(alert.failed, sort_keys=True)))
             updated.append(row)
-        write_ledger(self.spark, self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
+        write_ledger(self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
         if alert_rows:
             alerts_path = tables.ALERTS.path(self.settings)
             app_alerts = f"sluice.alerts.{name}"

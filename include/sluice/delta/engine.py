@@ -78,6 +78,22 @@ class DeltaEngine(Protocol):
         """Like :meth:`append`, for a handful of rows built on the driver (ops rows, heartbeats): no Spark
         job needed to write them."""
 
+    def replace_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        drop: Callable[[Mapping[str, Any]], bool],
+        order_by: Sequence[str],
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Rewrite a small, unpartitioned table (ledger, DQ results) on the driver in one atomic commit:
+        current rows for which ``drop`` is true are replaced by ``rows``; the result is sorted by
+        ``order_by``, so the file content does not depend on the order of earlier writes."""
+
     def replace(
         self,
         df: DataFrame,
@@ -134,6 +150,27 @@ def read_small_table(path: Path, columns: Sequence[str] | None = None) -> pa.Tab
         return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
     data = pq.read_table(files, schema=schema, columns=list(columns) if columns else None)
     return data
+
+
+def merged_rows(
+    path: Path,
+    rows: Sequence[Sequence[Any]],
+    schema: StructType,
+    *,
+    drop: Callable[[Mapping[str, Any]], bool],
+    order_by: Sequence[str],
+) -> pa.Table:
+    """The current rows of a small table minus those ``drop`` selects, plus ``rows``, sorted by ``order_by``
+    (nulls first). Shared by both engines' ``replace_rows``."""
+    current = read_small_table(path)
+    kept = [r for r in (current.to_pylist() if current is not None else []) if not drop(r)]
+    added = [dict(zip(schema.names, r, strict=True)) for r in rows]
+
+    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple((row[c] is not None, row[c]) for c in order_by)
+
+    merged = sorted([*kept, *added], key=key)
+    return pa.Table.from_pylist(merged, arrow_schema(schema))
 
 
 def _stats_for(file: Path) -> str:
@@ -283,6 +320,39 @@ class RsDeltaEngine:
             pq.write_table(data.take(indices).drop_columns(list(partition_by)), dest, compression="snappy")
             actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values=parts,
                                      modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
+        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
+        _maybe_kill(path)
+        return True
+
+    def replace_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        drop: Callable[[Mapping[str, Any]], bool],
+        order_by: Sequence[str],
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        table = self._table(path)
+        if self._already(table, app_id, version, path):
+            return False
+        if table.metadata().partition_columns:
+            raise ValueError(f"replace_rows is for small unpartitioned tables; {path} is partitioned")
+        data = merged_rows(path, rows, schema, drop=drop, order_by=order_by)
+        victims = self._files(table, None)
+        rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+        dest = path / rel
+        pq.write_table(data, dest, compression="snappy")
+        now_ms = int(time.time() * 1000)
+        actions: list[AddAction | RemoveAction] = [
+            RemoveAction(path=r, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
+            for r, _values, size in victims
+        ]
+        actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values={},
+                                 modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
         self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
         _maybe_kill(path)
         return True

@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sluice.delta.engine import PartitionPredicate, RsDeltaEngine
+from sluice.delta.engine import PartitionPredicate, RsDeltaEngine, merged_rows
 
 
 class NativeDeltaEngine:
@@ -73,6 +73,26 @@ class NativeDeltaEngine:
     ) -> bool:
         frame = self.spark.createDataFrame([tuple(r) for r in rows], schema).coalesce(1)
         return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
+
+    def replace_rows(
+        self,
+        rows: Sequence[Sequence[Any]],
+        schema: StructType,
+        path: Path,
+        *,
+        drop: Callable[[Mapping[str, Any]], bool],
+        order_by: Sequence[str],
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        done = self.committed_version(path, app_id)
+        if done is not None and done >= version:
+            return False
+        data = merged_rows(path, rows, schema, drop=drop, order_by=order_by)
+        frame = self.spark.createDataFrame(data.to_pylist(), schema).coalesce(1)
+        self._writer(frame, app_id, version, metadata).mode("overwrite").save(str(path))
+        return True
 
     def replace(
         self,
