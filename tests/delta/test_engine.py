@@ -19,6 +19,7 @@ from typing import Any
 import duckdb
 import duckdb_extension_delta
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import DataFrame, SparkSession
@@ -680,3 +681,63 @@ def test_empty_table_reads_as_empty_frame_with_table_schema(
     assert not any(isinstance(f.dataType, TimestampNTZType) for f in df.schema.fields)
     assert DeltaTable(str(path)).metadata().partition_columns == list(table.partition_by)
     assert engine.read(path, files=lambda v: True).count() == 0
+
+
+# -- driver-side writes of small tables (ops rows, heartbeats, ledger, DQ results) -----------------------
+def test_append_rows_lands_in_the_same_layout_spark_writes(
+    spark: SparkSession, engine: RsDeltaEngine, events: Path
+) -> None:
+    spark_rows = [_row(1, 10), _row(2, 11, D2)]
+    driver_rows = [_row(3, 10), _row(4, None), _row(5, 7, D2)]
+    assert engine.append(_df(spark, spark_rows), events, app_id="a", version=0)
+    assert engine.append_rows(driver_rows, SCHEMA, events, app_id="a", version=1, metadata={"k": "v"})
+    # A retry of the same version is a no-op, like append.
+    assert not engine.append_rows(driver_rows, SCHEMA, events, app_id="a", version=1)
+
+    expected = _dicts(spark_rows + driver_rows)
+    assert _delta_rows(events) == expected
+    assert _spark_rows(engine.read(events)) == expected
+    assert _duckdb_rows(events) == expected
+    # Hive-style partition directories, the null hour in Spark's sentinel directory, pruning works.
+    adds = _actions(events, _version(events), "add")
+    assert sorted(a["path"].rsplit("/", 1)[0] for a in adds) == [
+        "event_date=2024-05-01/event_hour=10",
+        "event_date=2024-05-01/event_hour=__HIVE_DEFAULT_PARTITION__",
+        "event_date=2024-05-02/event_hour=7",
+    ]
+    assert all(json.loads(a["stats"])["numRecords"] == 1 for a in adds)
+    assert engine.history_metadata(events)[0] == {"k": "v"}
+    pruned = engine.read(events, files=lambda v: v["event_date"] == D2)
+    assert _spark_rows(pruned) == _dicts([_row(2, 11, D2), _row(5, 7, D2)])
+
+
+SMALL = StructType(
+    [
+        StructField("pipeline", StringType(), True),
+        StructField("window_start", TimestampType(), True),
+        StructField("n", LongType(), True),
+    ]
+)
+
+
+def test_replace_rows_swaps_selected_rows_sorted_in_one_commit(engine: RsDeltaEngine, tmp_path: Path) -> None:
+    path = tmp_path / "ledger"
+    engine.ensure_table(path, SMALL)
+    h = [dt.datetime(2024, 5, 1, i, tzinfo=UTC) for i in range(4)]
+    engine.replace_rows([("b", h[1], 1), ("a", h[2], 2), ("a", h[0], 3)], SMALL, path,
+                        drop=lambda r: False, order_by=("pipeline", "window_start"), app_id="w", version=0)
+    before = _version(path)
+    # Replace a's 02:00 row, add b's 03:00: one commit, every other row kept, the file sorted.
+    assert engine.replace_rows([("b", h[3], 4), ("a", h[2], 20)], SMALL, path,
+                               drop=lambda r: (r["pipeline"], r["window_start"]) == ("a", h[2]),
+                               order_by=("pipeline", "window_start"), app_id="w", version=1)
+    assert _version(path) == before + 1
+    assert not engine.replace_rows([("z", h[0], 0)], SMALL, path, drop=lambda r: True,
+                                   order_by=("pipeline",), app_id="w", version=1)  # retried: no-op
+    files = sorted(_live_files(path))
+    assert len(files) == 1
+    content = pq.read_table(files[0]).to_pylist()
+    assert [(r["pipeline"], r["window_start"], r["n"]) for r in content] == [
+        ("a", h[0], 3), ("a", h[2], 20), ("b", h[1], 1), ("b", h[3], 4),
+    ]
+    assert _duckdb_rows(path) == _sorted(content)

@@ -421,3 +421,27 @@ def test_compaction_does_not_reemit_rows(
     assert _flatten(_run_available_now(spark, path, checkpoint)) == _expected([later])
     # A new query over the whole history sees every row exactly once, compaction notwithstanding.
     assert _flatten(_run_available_now(spark, path, tmp_path / "fresh")) == _expected([*commits, later])
+
+
+def test_min_event_time_skips_files_of_hours_that_ended_before_it(partitioned: tuple[Path, list[pa.Table]]) -> None:
+    path, commits = partitioned
+    schema = table_schema(str(path))
+
+    def planned(**options: str) -> list[int]:
+        reader = DeltaDataSource({"path": str(path), **options}).streamReader(schema)
+        rows = [row for p in reader.partitions({"version": -1}, {"version": 2}) for row in _read_all(reader, p)]
+        return sorted(r["id"] for r in rows)
+
+    everything = sorted(r["id"] for table in commits for r in table.to_pylist())
+    assert planned() == everything
+    # Hour 2 (2024-05-01 02:00-03:00) ended before 04:30: ids 2, 6, 7 are not read. Hour 1 and 3 lie on
+    # 2024-05-02 (see _events), hour 4 ends at 05:00, and null partitions can hold any time: all kept.
+    assert planned(minEventTime="2024-05-01T04:30:00Z") == [i for i in everything if i not in (2, 6, 7)]
+    with pytest.raises(ValueError, match="minEventTime"):
+        DeltaDataSource({"path": str(path), "minEventTime": "yesterday"}).streamReader(schema)
+    with pytest.raises(ValueError, match="zone"):
+        DeltaDataSource({"path": str(path), "minEventTime": "2024-05-01T04:30:00"}).streamReader(schema)
+
+
+def _read_all(reader: Any, partition: Any) -> list[dict[str, Any]]:
+    return [row for batch in reader.read(partition) for row in pa.Table.from_batches([batch]).to_pylist()]
