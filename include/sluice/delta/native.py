@@ -38,6 +38,10 @@ class NativeDeltaEngine:
     def committed_version(self, path: Path, app_id: str) -> int | None:
         return self._meta.committed_version(path, app_id)
 
+    def _done(self, path: Path, app_id: str, version: int) -> bool:
+        done = self.committed_version(path, app_id)
+        return done is not None and done >= version
+
     def _writer(self, df: DataFrame, app_id: str, version: int, metadata: Mapping[str, Any] | None) -> Any:
         return (
             df.write.format("delta")
@@ -55,8 +59,7 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        done = self.committed_version(path, app_id)
-        if done is not None and done >= version:
+        if self._done(path, app_id, version):
             return False
         self._writer(df, app_id, version, metadata).mode("append").save(str(path))
         return True
@@ -86,8 +89,7 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        done = self.committed_version(path, app_id)
-        if done is not None and done >= version:
+        if self._done(path, app_id, version):
             return False
         data = merged_rows(path, rows, schema, drop=drop, order_by=order_by)
         frame = self.spark.createDataFrame(data.to_pylist(), schema).coalesce(1)
@@ -105,8 +107,7 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        done = self.committed_version(path, app_id)
-        if done is not None and done >= version:
+        if self._done(path, app_id, version):
             return False
         table = DeltaTable(str(path))
         partitions = table.metadata().partition_columns
