@@ -244,3 +244,18 @@ def test_file_watermarks_rule() -> None:
         2: (ts(20), ts(20)),  # never backwards
         3: (ts(20), ts(35)),
     }
+
+
+def test_a_quarantined_copy_does_not_make_the_valid_record_a_duplicate(
+    spark: SparkSession, settings: Settings
+) -> None:
+    # The same id first arrives with a bad timestamp (quarantined), then valid: the valid record is the
+    # only one that counts, so it is accepted - whether both files land in one trigger or in two.
+    land(settings, "impressions", "f1.jsonl", [imp("a", 0, event_time="yesterday")], arrival_minutes=1)
+    land(settings, "impressions", "f2.jsonl", [imp("a", 0)], arrival_minutes=2)
+    for files_per_trigger, home in ((1000, "big"), (1, "small")):
+        s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
+        ingest(spark, s, 3)
+        assert [r["impression_id"] for r in rows(s, "bronze/impressions")] == ["a"], files_per_trigger
+        assert [r["reason"] for r in rows(s, "quarantine/impressions")] == ["bad_timestamp"]
+        assert load_state(s, "impressions").totals()["duplicates"] == 0

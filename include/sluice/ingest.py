@@ -202,7 +202,9 @@ def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
     def transform(df: DataFrame) -> DataFrame:
         id_col = f"_s_{spec.id_field}"
         candidate = F.col("reason").isNull()
-        order = Window.partitionBy(id_col).orderBy("_file_seq", "raw")
+        # Valid copies rank first: a quarantined copy of the id (bad timestamp, early) is not a record, so it
+        # must not make the valid one a duplicate - as it cannot when the two land in different triggers.
+        order = Window.partitionBy(id_col).orderBy(F.col("reason").isNotNull(), "_file_seq", "raw")
         ranked = df.withColumn("_rank", F.when(candidate, F.row_number().over(order)))
         seen = seen_ids.select(F.col("id").alias("_seen_id")).distinct().withColumn("_seen", F.lit(True))
         joined = ranked.join(seen, ranked[id_col] == seen["_seen_id"], "left").drop("_seen_id")
