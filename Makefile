@@ -38,7 +38,7 @@ test-fast: setup
 	$(BIN)/pytest -q -m "not slow"
 
 lint: setup
-	$(BIN)/ruff check include tests dags jobs plugins bench
+	$(BIN)/ruff check include tools tests dags jobs plugins bench pipelines
 	$(BIN)/mypy
 
 bench: setup

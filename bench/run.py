@@ -135,7 +135,7 @@ def ensure_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
 
 def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     """Generate the landing files once per size (cached under ``root``) with the product's generator."""
-    from sluice.generate import DEFAULT_START, GenerateOptions, generate
+    from sluice_tools.generate import DEFAULT_START, GenerateOptions, generate
 
     hours, per_hour = _shape(events, smoke)
     target, cached = _cached(events, root, smoke)

@@ -16,7 +16,11 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from sluice.config import load_settings
 from sluice.orchestration import DEFAULT_ARGS, SluiceSparkSubmitOperator, job, send_alerts_task
+
+# The registered pipelines (definitions only, no Spark, no data) make the `pipeline` param's choices.
+PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
 
 
 @dag(
@@ -29,7 +33,8 @@ from sluice.orchestration import DEFAULT_ARGS, SluiceSparkSubmitOperator, job, s
     tags=["sluice", "backfill"],
     doc_md=__doc__,
     params={
-        "pipeline": Param("ad_clicks_hourly", type="string", enum=["ad_clicks_hourly", "user_activity_hourly"]),
+        "pipeline": Param(PIPELINES[0], type="string", enum=PIPELINES,
+                          description="a registered pipeline (`sluice pipelines`)"),
         "start": Param("2024-05-01T00:00:00Z", type="string", format="date-time",
                        description="first window start (inclusive), RFC 3339"),
         "end": Param("2024-05-01T01:00:00Z", type="string", format="date-time",
@@ -52,8 +57,9 @@ def sluice_backfill() -> None:
     validate_params = validate()
     backfill = SluiceSparkSubmitOperator(
         task_id="backfill",
-        application=job("backfill"),
+        application=job(),
         application_args=[
+            "backfill",
             "{{ params.pipeline }}",
             "--start", "{{ params.start }}",
             "--end", "{{ params.end }}",

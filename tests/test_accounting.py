@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.delta.engine import RsDeltaEngine
-from sluice.generate import GenerateOptions, Manifest, generate
 from sluice.ingest import load_state, run_ingest
+from sluice_tools.generate import GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark
 

@@ -17,7 +17,7 @@ from pyspark.sql import SparkSession
 from sluice.aggregate import CatchUp
 from sluice.config import Settings, load_settings
 from sluice.cycle import run_cycle
-from sluice.generate import GenerateOptions, generate
+from sluice_tools.generate import GenerateOptions, generate
 
 pytestmark = pytest.mark.spark
 

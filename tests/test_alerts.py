@@ -6,20 +6,12 @@ metadata DB or API server is involved. Every socket has a timeout and every test
 
 from __future__ import annotations
 
-import contextlib
-import email
 import json
 import logging
 import os
-import socketserver
 import subprocess
 import sys
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -35,182 +27,14 @@ from sluice.alerts import (
     send_alert,
     webhook_url,
 )
+from support.servers import (
+    SmtpServer,
+    WebhookServer,
+    smtp_server_fixture,  # noqa: F401 (pytest fixture ``smtp_server``)
+    webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
+)
 
 pytestmark = pytest.mark.timeout(120)
-
-SOCKET_TIMEOUT = 10.0
-
-
-# -- servers -----------------------------------------------------------------------------------------------
-
-
-@dataclass
-class Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-
-@dataclass
-class WebhookServer:
-    url: str
-    requests: list[Request] = field(default_factory=list)
-    status: int = 200
-
-
-@pytest.fixture
-def webhook() -> Iterator[WebhookServer]:
-    state = WebhookServer(url="")
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = SOCKET_TIMEOUT
-
-        def _record(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            # Recorded before answering, so the client's return means the server has it.
-            state.requests.append(Request(self.command, self.path, {k.lower(): v for k, v in self.headers.items()},
-                                          body))
-            self.send_response(state.status)
-            self.send_header("Content-Type", "text/plain")
-            reply = b"ok" if state.status < 400 else b"boom"
-            self.send_header("Content-Length", str(len(reply)))
-            self.end_headers()
-            self.wfile.write(reply)
-
-        do_POST = _record
-        do_GET = _record
-        do_PUT = _record
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
-
-
-@dataclass
-class Mail:
-    mail_from: str
-    rcpt_to: list[str]
-    data: bytes
-
-    @property
-    def message(self) -> Message:
-        return email.message_from_bytes(self.data)
-
-    def text(self) -> str:
-        """All text parts, transfer-decoded (the smtp provider sends base64 utf-8 HTML)."""
-        out = []
-        for part in self.message.walk():
-            if part.get_content_maintype() == "text":
-                payload = part.get_payload(decode=True)
-                assert isinstance(payload, bytes)
-                out.append(payload.decode(part.get_content_charset() or "utf-8"))
-        return "\n".join(out)
-
-
-class _SmtpHandler(socketserver.StreamRequestHandler):
-    """Just enough SMTP (RFC 5321) to receive mail: no STARTTLS, no AUTH offered."""
-
-    timeout = SOCKET_TIMEOUT
-    server: SmtpServer
-
-    def _reply(self, line: str) -> None:
-        self.wfile.write(line.encode("ascii") + b"\r\n")
-        self.wfile.flush()
-
-    def handle(self) -> None:
-        # Client vanished or timed out: the test's own assertions report what is missing.
-        with contextlib.suppress(OSError):
-            self._session()
-
-    def _session(self) -> None:
-        self._reply("220 sluice-test ESMTP")
-        mail_from: str | None = None
-        rcpt_to: list[str] = []
-        while True:
-            raw = self.rfile.readline(65536)
-            if not raw:
-                return  # the provider hook closes without QUIT
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            upper = line.upper()
-            if upper.startswith("EHLO"):
-                self.wfile.write(b"250-sluice-test\r\n250 8BITMIME\r\n")
-            elif upper.startswith("HELO"):
-                self._reply("250 sluice-test")
-            elif upper.startswith("MAIL FROM:"):
-                mail_from, rcpt_to = line[10:].split()[0].strip("<>"), []
-                self._reply("250 OK")
-            elif upper.startswith("RCPT TO:"):
-                if mail_from is None:
-                    self._reply("503 need MAIL first")
-                    continue
-                rcpt_to.append(line[8:].split()[0].strip("<>"))
-                self._reply("250 OK")
-            elif upper == "DATA":
-                if mail_from is None or not rcpt_to:
-                    self._reply("503 need RCPT first")
-                    continue
-                self._reply("354 end with <CRLF>.<CRLF>")
-                lines = []
-                while (chunk := self.rfile.readline(65536)) not in (b".\r\n", b".\n"):
-                    if not chunk:
-                        return  # connection lost mid-message: nothing delivered
-                    lines.append(chunk[1:] if chunk.startswith(b"..") else chunk)  # undo dot-stuffing
-                with self.server.lock:
-                    self.server.mails.append(Mail(mail_from, rcpt_to, b"".join(lines)))
-                mail_from, rcpt_to = None, []
-                self._reply("250 OK queued")
-            elif upper in ("RSET", "NOOP"):
-                if upper == "RSET":
-                    mail_from, rcpt_to = None, []
-                self._reply("250 OK")
-            elif upper == "QUIT":
-                self._reply("221 bye")
-                return
-            else:
-                self._reply("502 command not implemented")
-
-
-class SmtpServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _SmtpHandler)
-        self.lock = threading.Lock()
-        self.mails: list[Mail] = []
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-@pytest.fixture
-def smtp_server() -> Iterator[SmtpServer]:
-    server = SmtpServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
 
 
 # -- environment -------------------------------------------------------------------------------------------

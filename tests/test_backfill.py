@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from sluice.backfill import BackfillResult, run_backfill, validate_request
 from sluice.config import ConfigError, Settings, load_settings
 from sluice.cycle import run_cycle
-from sluice.generate import GenerateOptions, generate
+from sluice_tools.generate import GenerateOptions, generate
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)

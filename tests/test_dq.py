@@ -1,32 +1,59 @@
-"""The window data-quality suite (SPEC 5) on real Great Expectations, no Spark: a clean window passes, each
-kind of defect fails exactly its own expectation, an empty window passes, and Data Docs land on disk."""
+"""The window data-quality suites (SPEC 5, checks declared per output as in SPEC 8) on real Great Expectations,
+no Spark: a clean window passes, each kind of defect fails exactly its own outcome (in the pipeline's own output
+and in a second, prefixed one), an empty window passes, and Data Docs land on disk."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pandas as pd
 import pytest
 
-from sluice.dq import ExpectationOutcome, WindowValidation, WindowValidator
+from sluice import checks
+from sluice.checks import Check
+from sluice.dq import ExpectationOutcome, OutputFrame, WindowValidation, WindowValidator
 
 START = datetime(2024, 5, 1, 12, tzinfo=UTC)
 END = START + timedelta(hours=1)
 PIPELINE = "ad_clicks_hourly"
+UNMATCHED = "unmatched_clicks_hourly"
+PREFIX = f"{UNMATCHED}:"
 
-ALL_NAMES = [
+# As declared by pipelines/ad_clicks_hourly.py (completeness lives in the totals suite, so only the row checks
+# reach an OutputFrame).
+AD_CHECKS: tuple[Check, ...] = (
+    checks.between("ctr", 0, 1),
+    checks.between("impressions", 0, name="counts_non_negative"),
+    checks.between("clicks", 0, name="counts_non_negative"),
+)
+UNMATCHED_CHECKS: tuple[Check, ...] = (checks.between("unmatched_clicks", 0, name="counts_non_negative"),)
+
+TOTALS_NAMES = [
     "completeness:impressions",
     "completeness:clicks",
     "lateness:dlq_share_within_threshold",
+]
+GOLD_NAMES = [
     "validity:no_null_keys",
     "validity:ctr_between_0_and_1",
     "validity:counts_non_negative",
     "validity:window_is_one_hour",
 ]
+ALL_NAMES = TOTALS_NAMES + GOLD_NAMES
+UNMATCHED_COMPLETENESS = f"{PREFIX}completeness:unmatched_clicks"
+UNMATCHED_NAMES = [
+    f"{PREFIX}validity:no_null_keys",
+    f"{PREFIX}validity:counts_non_negative",
+    f"{PREFIX}validity:window_is_one_hour",
+]
+
+
+def utc_series(values: Sequence[datetime]) -> pd.Series:
+    return pd.Series(list(values), dtype="datetime64[us, UTC]")
 
 
 def gold_rows(start: datetime = START, n: int = 3) -> pd.DataFrame:
@@ -34,13 +61,28 @@ def gold_rows(start: datetime = START, n: int = 3) -> pd.DataFrame:
     impressions = [10 * (i + 1) for i in range(n - 1)] + [0]
     clicks = [i + 1 for i in range(n - 1)] + [0]
     return pd.DataFrame({
-        "window_start": pd.Series([start] * n, dtype="datetime64[us, UTC]"),
-        "window_end": pd.Series([start + timedelta(hours=1)] * n, dtype="datetime64[us, UTC]"),
+        "window_start": utc_series([start] * n),
+        "window_end": utc_series([start + timedelta(hours=1)] * n),
         "ad_id": [f"ad-{i}" for i in range(n)],
         "impressions": pd.array(impressions, dtype="Int64"),
         "clicks": pd.array(clicks, dtype="Int64"),
         "ctr": [c / i if i else None for c, i in zip(clicks, impressions, strict=True)],
     })
+
+
+def unmatched_rows(start: datetime = START, n: int = 2) -> pd.DataFrame:
+    """n clean unmatched_clicks_hourly rows."""
+    return pd.DataFrame({
+        "window_start": utc_series([start] * n),
+        "window_end": utc_series([start + timedelta(hours=1)] * n),
+        "ad_id": [f"ad-{10 + i}" for i in range(n)],
+        "unmatched_clicks": pd.array([i + 1 for i in range(n)], dtype="Int64"),
+    })
+
+
+def unmatched_output(gold: pd.DataFrame | None = None) -> OutputFrame:
+    gold = unmatched_rows() if gold is None else gold
+    return OutputFrame(name=UNMATCHED, gold=gold, keys=("ad_id",), checks=UNMATCHED_CHECKS, prefix=PREFIX)
 
 
 @dataclass(frozen=True)
@@ -51,23 +93,44 @@ class Window:
     total_rows: int = 1000
     start: datetime = START
     end: datetime = END
-    count_columns: Sequence[str] = ("impressions", "clicks")
+    checks: tuple[Check, ...] = AD_CHECKS
+    others: tuple[OutputFrame, ...] = ()  # further outputs of the pipeline, validated after its own
 
 
 def clean_window(start: datetime = START, n: int = 3) -> Window:
     gold = gold_rows(start, n)
     impressions, clicks = int(gold["impressions"].sum()), int(gold["clicks"].sum())
-    return Window(gold, {"impressions": (impressions, impressions), "clicks": (clicks, clicks)},
-                  start=start, end=start + timedelta(hours=1))
+    totals = {"completeness:impressions": (impressions, impressions), "completeness:clicks": (clicks, clicks)}
+    return Window(gold, totals, start=start, end=start + timedelta(hours=1))
+
+
+def two_outputs(w: Window | None = None, unmatched: pd.DataFrame | None = None,
+                unmatched_totals: tuple[int, int] = (3, 3)) -> Window:
+    """``w`` plus the unmatched_clicks_hourly output, with its own (prefixed) completeness check."""
+    w = w or clean_window()
+    return replace(w, completeness={**w.completeness, UNMATCHED_COMPLETENESS: unmatched_totals},
+                   others=(unmatched_output(unmatched),))
 
 
 def run(validator: WindowValidator, w: Window, pipeline: str = PIPELINE) -> WindowValidation:
-    return validator.validate(pipeline, w.start, w.end, w.gold, key="ad_id", count_columns=w.count_columns,
-                              completeness=w.completeness, late_rows=w.late_rows, total_rows=w.total_rows)
+    own = OutputFrame(name=pipeline, gold=w.gold, keys=("ad_id",), checks=w.checks)
+    return validator.validate(pipeline, w.start, w.end, outputs=[own, *w.others], completeness=w.completeness,
+                              late_rows=w.late_rows, total_rows=w.total_rows)
 
 
 def by_name(result: WindowValidation) -> dict[str, ExpectationOutcome]:
     return {o.expectation: o for o in result.outcomes}
+
+
+def names(outcomes: Sequence[ExpectationOutcome]) -> list[str]:
+    return [o.expectation for o in outcomes]
+
+
+def with_gold(w: Window, **columns: object) -> Window:
+    gold = w.gold.copy()
+    for column, values in columns.items():
+        gold[column] = values
+    return replace(w, gold=gold)
 
 
 @pytest.fixture
@@ -79,44 +142,41 @@ def test_clean_window_passes(validator: WindowValidator) -> None:
     result = run(validator, clean_window())
 
     assert result.success, result.failed
-    assert [o.expectation for o in result.outcomes] == ALL_NAMES
-    seen = by_name(result)
-    assert seen["completeness:impressions"].observed_value == "gold=30 bronze=30"
-    assert seen["lateness:dlq_share_within_threshold"].observed_value == "0"
-    assert seen["validity:no_null_keys"].observed_value == "0 nulls"
-    assert seen["validity:window_is_one_hour"].observed_value == "0 of 3 rows != 3600s"
+    assert names(result.outcomes) == ALL_NAMES
+    assert {o.expectation: o.observed_value for o in result.outcomes} == {
+        "completeness:impressions": "gold=30 bronze=30",
+        "completeness:clicks": "gold=3 bronze=3",
+        "lateness:dlq_share_within_threshold": "0",
+        "validity:no_null_keys": "0 nulls",
+        # The null ctr of the ad without impressions is not checked by `between`.
+        "validity:ctr_between_0_and_1": "0 outside [0, 1]",
+        "validity:counts_non_negative": "0 outside [0, inf]",
+        "validity:window_is_one_hour": "0 of 3 rows != 3600s",
+    }
     assert result.pipeline == PIPELINE and result.window_start == START and result.window_end == END
+    assert result.failed == []
+    # Nothing failed: the page to look at is the totals suite's.
     assert result.docs_path is not None and result.docs_path.is_relative_to(validator.docs_dir)
-
-
-def with_gold(w: Window, **columns: object) -> Window:
-    gold = w.gold.copy()
-    for column, values in columns.items():
-        gold[column] = values
-    return Window(gold, w.completeness, w.late_rows, w.total_rows)
+    assert "window_totals" in result.docs_path.parts
 
 
 CLEAN = clean_window()
 DEFECTS = {
     "completeness:clicks": (
-        Window(CLEAN.gold, {"impressions": (30, 30), "clicks": (3, 4)}),
+        replace(CLEAN, completeness={"completeness:impressions": (30, 30), "completeness:clicks": (3, 4)}),
         "gold=3 bronze=4",
     ),
     "validity:no_null_keys": (with_gold(CLEAN, ad_id=["ad-0", None, "ad-2"]), "1 null (ad_id: 1)"),
-    "validity:ctr_between_0_and_1": (with_gold(CLEAN, ctr=[0.1, 1.5, None]), "1 outside [0, 1] (1.5); 0 null"
-                                     " with impressions > 0"),
+    "validity:ctr_between_0_and_1": (with_gold(CLEAN, ctr=[0.1, 1.5, None]), "1 outside [0, 1] (ctr: 1.5)"),
     "validity:counts_non_negative": (
         with_gold(CLEAN, clicks=pd.array([1, -2, 0], dtype="Int64"), ctr=[0.1, 0.0, None]),
-        "1 negative (clicks: -2)",
+        "1 outside [0, inf] (clicks: -2)",
     ),
     "validity:window_is_one_hour": (
-        with_gold(CLEAN, window_end=pd.Series([END, END + timedelta(hours=1), END], dtype="datetime64[us, UTC]")),
+        with_gold(CLEAN, window_end=utc_series([END, END + timedelta(hours=1), END])),
         "1 of 3 rows != 3600s (7200)",
     ),
-    "lateness:dlq_share_within_threshold": (
-        Window(CLEAN.gold, CLEAN.completeness, late_rows=20, total_rows=1000),
-        "0.02",
-    ),
+    "lateness:dlq_share_within_threshold": (replace(CLEAN, late_rows=20, total_rows=1000), "0.02"),
 }
 
 
@@ -127,57 +187,249 @@ def test_each_defect_fails_exactly_its_expectation(validator: WindowValidator, e
     result = run(validator, window)
 
     assert not result.success
-    assert [o.expectation for o in result.failed] == [expectation]
+    assert names(result.outcomes) == ALL_NAMES
+    assert names(result.failed) == [expectation]
     assert by_name(result)[expectation].observed_value == observed
     # The page to look at is the one of the failing suite.
     suite = "window_totals" if expectation.startswith(("completeness", "lateness")) else "gold_rows"
     assert result.docs_path is not None and suite in result.docs_path.parts
 
 
-def test_ctr_null_with_impressions_fails_ctr(validator: WindowValidator) -> None:
-    result = run(validator, with_gold(CLEAN, ctr=[0.1, None, None]))
+def test_checks_with_one_name_fold_into_one_outcome(validator: WindowValidator) -> None:
+    """impressions and clicks are both checked under validity:counts_non_negative: one outcome, both columns."""
+    result = run(validator, with_gold(CLEAN, impressions=pd.array([-1, 20, 0], dtype="Int64"),
+                                      clicks=pd.array([1, -2, 0], dtype="Int64"), ctr=[0.1, 0.0, None]))
 
-    assert [o.expectation for o in result.failed] == ["validity:ctr_between_0_and_1"]
-    assert by_name(result)["validity:ctr_between_0_and_1"].observed_value == (
-        "0 outside [0, 1]; 1 null with impressions > 0"
+    assert names(result.outcomes) == ALL_NAMES  # still one outcome per name
+    assert names(result.failed) == ["validity:counts_non_negative"]
+    assert by_name(result)["validity:counts_non_negative"].observed_value == (
+        "2 outside [0, inf] (impressions: -1, clicks: -2)"
     )
 
 
+@pytest.mark.parametrize("case", ["between_with_other_bounds", "between_and_not_null"])
+def test_checks_of_different_shape_under_one_name_report_the_offender(validator: WindowValidator, case: str) -> None:
+    if case == "between_with_other_bounds":
+        declared = (checks.between("impressions", 0, name="sane"), checks.between("ctr", 0, 1, name="sane"))
+        shown = "[0, 1]"  # the bounds ctr broke, not the impressions ones
+    else:
+        declared = (checks.between("ctr", 0, 1, name="sane"), checks.not_null("ctr", name="sane"))
+        shown = "1.5"  # not "0 nulls"
+    window = with_gold(replace(CLEAN, checks=declared), ctr=[0.1, 1.5, 0.0])
+
+    result = run(validator, window)
+
+    assert names(result.failed) == ["validity:sane"]
+    assert shown in by_name(result)["validity:sane"].observed_value
+
+
+def test_between_quotes_at_most_three_offending_values(validator: WindowValidator) -> None:
+    gold = gold_rows(n=5)
+    gold["ctr"] = [0.5, 1.5, 2.0, -0.25, 3.0]
+    result = run(validator, replace(CLEAN, gold=gold, completeness={}))
+
+    assert names(result.failed) == ["validity:ctr_between_0_and_1"]
+    observed = by_name(result)["validity:ctr_between_0_and_1"].observed_value
+    assert observed == "4 outside [0, 1] (ctr: 1.5, 2, -0.25, ...)"
+
+
+def test_between_with_one_bound(validator: WindowValidator) -> None:
+    at_least = checks.between("impressions", 10)
+    assert at_least.name == "validity:impressions_at_least_10"
+    window = replace(CLEAN, checks=(at_least,))
+
+    result = run(validator, window)
+
+    assert names(result.outcomes) == [*TOTALS_NAMES, "validity:no_null_keys", "validity:impressions_at_least_10",
+                                      "validity:window_is_one_hour"]
+    assert names(result.failed) == ["validity:impressions_at_least_10"]
+    assert by_name(result)["validity:impressions_at_least_10"].observed_value == "1 outside [10, inf] (impressions: 0)"
+
+
+@pytest.mark.parametrize("case", ["check_on_an_earlier_column", "missing_column"])
+def test_outcomes_keep_suite_order(validator: WindowValidator, case: str) -> None:
+    if case == "check_on_an_earlier_column":
+        # A not_null on ctr declared after the count checks: GE evaluates it together with the ctr range check.
+        window = replace(CLEAN, checks=(*AD_CHECKS, checks.not_null("ctr")))
+        expected = [*TOTALS_NAMES, *GOLD_NAMES[:-1], "validity:ctr_not_null", GOLD_NAMES[-1]]
+    else:
+        window = replace(CLEAN, gold=CLEAN.gold.drop(columns=["clicks"]))
+        expected = ALL_NAMES
+
+    assert names(run(validator, window).outcomes) == expected
+
+
+def test_between_without_lower_bound(validator: WindowValidator) -> None:
+    at_most = checks.between("ctr", high=1)
+    assert at_most.name == "validity:ctr_at_most_1"
+
+    result = run(validator, with_gold(replace(CLEAN, checks=(at_most,)), ctr=[0.1, 1.5, -2.0]))
+
+    assert names(result.failed) == ["validity:ctr_at_most_1"]  # -2 is not below a bound that is not there
+    assert by_name(result)["validity:ctr_at_most_1"].observed_value == "1 outside [-inf, 1] (ctr: 1.5)"
+
+
+def test_not_null_check(validator: WindowValidator) -> None:
+    ctr_not_null = checks.not_null("ctr")
+    assert ctr_not_null.name == "validity:ctr_not_null"
+    window = replace(CLEAN, checks=(AD_CHECKS[0], ctr_not_null, *AD_CHECKS[1:]))
+    outcome_names = [*TOTALS_NAMES, *GOLD_NAMES[:2], "validity:ctr_not_null", *GOLD_NAMES[2:]]
+
+    # The clean window's last ad has no impressions, so a null ctr: only the declared not_null check fails.
+    failing = run(validator, window)
+    assert names(failing.outcomes) == outcome_names
+    assert names(failing.failed) == ["validity:ctr_not_null"]
+    assert by_name(failing)["validity:ctr_not_null"].observed_value == "1 null (ctr: 1)"
+    assert failing.docs_path is not None and "gold_rows" in failing.docs_path.parts
+
+    passing = run(validator, with_gold(window, ctr=[0.1, 0.1, 0.0]))
+    assert passing.success, passing.failed
+    assert by_name(passing)["validity:ctr_not_null"].observed_value == "0 nulls"
+
+
+def test_not_null_check_with_its_own_name_and_composite_keys(validator: WindowValidator) -> None:
+    gold = CLEAN.gold.assign(campaign=["c-1", None, "c-1"], ctr=[0.1, None, None])
+    frame = OutputFrame(name=PIPELINE, gold=gold, keys=("campaign", "ad_id"),
+                        checks=(checks.not_null("ctr", name="ctr_known"),))
+
+    result = validator.validate(PIPELINE, START, END, outputs=[frame], completeness={}, late_rows=0, total_rows=3)
+
+    assert names(result.outcomes) == ["lateness:dlq_share_within_threshold", "validity:no_null_keys",
+                                      "validity:ctr_known", "validity:window_is_one_hour"]
+    assert names(result.failed) == ["validity:no_null_keys", "validity:ctr_known"]
+    assert by_name(result)["validity:no_null_keys"].observed_value == "1 null (campaign: 1)"
+    assert by_name(result)["validity:ctr_known"].observed_value == "2 nulls (ctr: 2)"
+
+
 def test_lateness_at_threshold_passes_and_threshold_is_configurable(tmp_path: Path) -> None:
-    at_limit = Window(CLEAN.gold, CLEAN.completeness, late_rows=10, total_rows=1000)
+    at_limit = replace(CLEAN, late_rows=10, total_rows=1000)
     assert run(WindowValidator(tmp_path / "a"), at_limit).success
 
     strict = WindowValidator(tmp_path / "b", lateness_threshold=0.005)
-    assert [o.expectation for o in run(strict, at_limit).failed] == ["lateness:dlq_share_within_threshold"]
+    assert names(run(strict, at_limit).failed) == ["lateness:dlq_share_within_threshold"]
 
 
 def test_empty_window_validates_cleanly(validator: WindowValidator) -> None:
-    empty = Window(gold_rows().iloc[0:0], {"impressions": (0, 0), "clicks": (0, 0)}, late_rows=0, total_rows=0)
+    empty = Window(gold_rows().iloc[0:0], {"completeness:impressions": (0, 0), "completeness:clicks": (0, 0)},
+                   late_rows=0, total_rows=0)
 
     result = run(validator, empty)
 
     assert result.success, result.failed
-    assert [o.expectation for o in result.outcomes] == ALL_NAMES
+    assert names(result.outcomes) == ALL_NAMES
+    assert by_name(result)["validity:window_is_one_hour"].observed_value == "0 of 0 rows != 3600s"
 
 
 def test_empty_window_still_checks_completeness_and_lateness(validator: WindowValidator) -> None:
-    # No gold rows at all (not even columns) while bronze saw 5 impressions, 1 of them late.
-    empty = Window(pd.DataFrame(), {"impressions": (0, 5)}, late_rows=1, total_rows=5)
+    # No gold rows at all (not even columns) in either output, while bronze saw 5 impressions, 1 of them late.
+    empty = two_outputs(Window(pd.DataFrame(), {"completeness:impressions": (0, 5)}, late_rows=1, total_rows=5),
+                        unmatched=pd.DataFrame(), unmatched_totals=(0, 0))
 
     result = run(validator, empty)
 
-    assert [o.expectation for o in result.failed] == ["completeness:impressions", "lateness:dlq_share_within_threshold"]
+    assert names(result.outcomes) == [
+        "completeness:impressions", UNMATCHED_COMPLETENESS, "lateness:dlq_share_within_threshold",
+        *GOLD_NAMES, *UNMATCHED_NAMES,
+    ]
+    assert names(result.failed) == ["completeness:impressions", "lateness:dlq_share_within_threshold"]
+    assert by_name(result)["completeness:impressions"].observed_value == "gold=0 bronze=5"
     assert by_name(result)["lateness:dlq_share_within_threshold"].observed_value == "0.2"
-    assert "validity:ctr_between_0_and_1" not in by_name(result)  # no ctr column, no ctr check
+    # The declared checks still run (on zero rows), even though the frame has none of their columns.
+    assert by_name(result)["validity:ctr_between_0_and_1"].observed_value == "0 outside [0, 1]"
 
 
 def test_missing_column_fails_with_an_error(validator: WindowValidator) -> None:
-    result = run(validator, Window(CLEAN.gold.drop(columns=["clicks"]), CLEAN.completeness))
+    result = run(validator, replace(CLEAN, gold=CLEAN.gold.drop(columns=["clicks"])))
 
     failed = by_name(result)
-    assert [o.expectation for o in result.failed] == ["validity:counts_non_negative"]
+    # Every outcome is still there (GE lists the erroring expectation first: see test_outcomes_keep_suite_order).
+    assert sorted(names(result.outcomes)) == sorted(ALL_NAMES)
+    assert names(result.failed) == ["validity:counts_non_negative"]
     assert failed["validity:counts_non_negative"].observed_value.startswith("error: ")
     assert "clicks" in failed["validity:counts_non_negative"].observed_value
+
+
+def test_missing_key_column_fails_no_null_keys_with_an_error(validator: WindowValidator) -> None:
+    result = run(validator, replace(CLEAN, gold=CLEAN.gold.drop(columns=["ad_id"])))
+
+    assert names(result.failed) == ["validity:no_null_keys"]
+    observed = by_name(result)["validity:no_null_keys"].observed_value
+    assert observed.startswith("error: ") and "ad_id" in observed
+
+
+def test_second_output_is_prefixed_and_validated(validator: WindowValidator) -> None:
+    result = run(validator, two_outputs())
+
+    assert result.success, result.failed
+    assert names(result.outcomes) == [
+        "completeness:impressions", "completeness:clicks", UNMATCHED_COMPLETENESS,
+        "lateness:dlq_share_within_threshold", *GOLD_NAMES, *UNMATCHED_NAMES,
+    ]
+    seen = by_name(result)
+    assert seen[UNMATCHED_COMPLETENESS].observed_value == "gold=3 bronze=3"
+    assert seen[f"{PREFIX}validity:no_null_keys"].observed_value == "0 nulls"
+    assert seen[f"{PREFIX}validity:counts_non_negative"].observed_value == "0 outside [0, inf]"
+    assert seen[f"{PREFIX}validity:window_is_one_hour"].observed_value == "0 of 2 rows != 3600s"
+    assert result.docs_path is not None and "window_totals" in result.docs_path.parts
+
+
+UNMATCHED_CLEAN = unmatched_rows()
+UNMATCHED_DEFECTS = {
+    UNMATCHED_COMPLETENESS: (two_outputs(unmatched_totals=(3, 2)), "gold=3 bronze=2"),
+    f"{PREFIX}validity:no_null_keys": (
+        two_outputs(unmatched=UNMATCHED_CLEAN.assign(ad_id=[None, "ad-11"])), "1 null (ad_id: 1)",
+    ),
+    f"{PREFIX}validity:counts_non_negative": (
+        two_outputs(unmatched=UNMATCHED_CLEAN.assign(unmatched_clicks=pd.array([-3, 2], dtype="Int64"))),
+        "1 outside [0, inf] (unmatched_clicks: -3)",
+    ),
+    f"{PREFIX}validity:window_is_one_hour": (
+        two_outputs(unmatched=UNMATCHED_CLEAN.assign(window_start=utc_series([START, START + timedelta(minutes=30)]))),
+        "1 of 2 rows != 3600s (1800)",
+    ),
+}
+
+
+@pytest.mark.parametrize("expectation", list(UNMATCHED_DEFECTS))
+def test_defect_in_second_output_fails_only_its_outcome(validator: WindowValidator, expectation: str) -> None:
+    window, observed = UNMATCHED_DEFECTS[expectation]
+
+    result = run(validator, window)
+
+    assert not result.success
+    assert names(result.failed) == [expectation]
+    assert by_name(result)[expectation].observed_value == observed
+    # The pipeline's own output is untouched by the other output's defect.
+    assert all(by_name(result)[name].success for name in GOLD_NAMES)
+    assert result.docs_path is not None
+    if expectation == UNMATCHED_COMPLETENESS:
+        assert "window_totals" in result.docs_path.parts
+    else:  # the second output's own suite page, <output>.gold_rows
+        assert {UNMATCHED, "gold_rows"} <= set(result.docs_path.parts)
+        assert PIPELINE not in result.docs_path.parts
+
+
+def test_defects_in_both_outputs_point_at_the_first_failing_suite(validator: WindowValidator) -> None:
+    window, _ = UNMATCHED_DEFECTS[f"{PREFIX}validity:counts_non_negative"]
+    window = with_gold(window, ctr=[0.1, 1.5, None])
+
+    result = run(validator, window)
+
+    assert names(result.failed) == ["validity:ctr_between_0_and_1", f"{PREFIX}validity:counts_non_negative"]
+    assert result.docs_path is not None and {PIPELINE, "gold_rows"} <= set(result.docs_path.parts)
+
+
+def test_completeness_of_equal_name_in_two_outputs_are_kept_apart(validator: WindowValidator) -> None:
+    window = replace(two_outputs(), completeness={
+        "completeness:clicks": (3, 3),
+        f"{PREFIX}completeness:clicks": (5, 7),
+    })
+
+    result = run(validator, window)
+
+    assert names(result.failed) == [f"{PREFIX}completeness:clicks"]
+    assert by_name(result)["completeness:clicks"].observed_value == "gold=3 bronze=3"
+    assert by_name(result)[f"{PREFIX}completeness:clicks"].observed_value == "gold=5 bronze=7"
 
 
 def test_other_pipelines_and_window_lengths(tmp_path: Path) -> None:
@@ -189,45 +441,73 @@ def test_other_pipelines_and_window_lengths(tmp_path: Path) -> None:
         "user_id": ["u1", "u2"],
         "avg_events_per_10min": [1.5, 2.0],
     })
+    output = OutputFrame(name="user_activity_hourly", gold=gold, keys=("user_id",),
+                         checks=(checks.between("avg_events_per_10min", 1),))
 
-    result = validator.validate("user_activity_hourly", start, start + timedelta(minutes=10), gold, key="user_id",
-                                count_columns=["avg_events_per_10min"], completeness={"events": (7, 7)},
-                                late_rows=0, total_rows=7)
+    result = validator.validate("user_activity_hourly", start, start + timedelta(minutes=10), outputs=[output],
+                                completeness={"completeness:users": (2, 2)}, late_rows=0, total_rows=7)
 
     assert result.success, result.failed
-    assert [o.expectation for o in result.outcomes] == [
-        "completeness:events",
+    assert names(result.outcomes) == [
+        "completeness:users",
         "lateness:dlq_share_within_threshold",
         "validity:no_null_keys",
-        "validity:counts_non_negative",
+        "validity:avg_events_per_10min_at_least_1",
         "validity:window_is_600s",
     ]
+    assert by_name(result)["validity:window_is_600s"].observed_value == "0 of 2 rows != 600s"
+
+    # Hour-long rows are wrong for a 10-minute validator.
+    hourly = replace(output, gold=gold.assign(window_end=[start + timedelta(hours=1)] * 2))
+    wrong = validator.validate("user_activity_hourly", start, start + timedelta(minutes=10), outputs=[hourly],
+                               completeness={"completeness:users": (2, 2)}, late_rows=0, total_rows=7)
+    assert names(wrong.failed) == ["validity:window_is_600s"]
+    assert by_name(wrong)["validity:window_is_600s"].observed_value == "2 of 2 rows != 600s (3600, 3600)"
+
+
+def test_invalid_validator_settings_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="lateness_threshold"):
+        WindowValidator(tmp_path / "a", lateness_threshold=1.5)
+    with pytest.raises(ValueError, match="window_seconds"):
+        WindowValidator(tmp_path / "b", window_seconds=0)
 
 
 def test_results_are_deterministic(tmp_path: Path) -> None:
-    window, _ = DEFECTS["validity:window_is_one_hour"]
-    first = run(WindowValidator(tmp_path / "a"), window)
-    second = run(WindowValidator(tmp_path / "b"), window)
+    window = with_gold(UNMATCHED_DEFECTS[f"{PREFIX}validity:window_is_one_hour"][0],
+                       window_end=DEFECTS["validity:window_is_one_hour"][0].gold["window_end"])
+    run_time = datetime(2024, 5, 1, 14, tzinfo=UTC)
+    first = run(WindowValidator(tmp_path / "a", run_time=run_time), window)
+    second = run(WindowValidator(tmp_path / "b", run_time=run_time), window)
 
     assert first.outcomes == second.outcomes
+    assert names(first.failed) == ["validity:window_is_one_hour", f"{PREFIX}validity:window_is_one_hour"]
+    # With one injected run time, the page path does not depend on the wall clock either.
+    assert first.docs_path is not None and second.docs_path is not None
+    assert first.docs_path.relative_to(tmp_path / "a") == second.docs_path.relative_to(tmp_path / "b")
 
 
 def test_data_docs_written_by_build_docs(validator: WindowValidator) -> None:
-    passing = run(validator, clean_window())
-    failing = run(validator, DEFECTS["validity:ctr_between_0_and_1"][0])
+    passing = run(validator, two_outputs())
+    failing = run(validator, two_outputs(DEFECTS["validity:ctr_between_0_and_1"][0]))
+    other_failing = run(validator, UNMATCHED_DEFECTS[f"{PREFIX}validity:counts_non_negative"][0])
     assert failing.docs_path is not None and not failing.docs_path.exists()  # rendered by build_docs only
 
     index = validator.build_docs()
 
     assert index == validator.docs_dir / "index.html"
     html = index.read_text()
-    assert f"{PIPELINE}.gold_rows" in html and f"{PIPELINE}.window_totals" in html
-    for result in (passing, failing):
+    for suite in (f"{PIPELINE}.gold_rows", f"{PIPELINE}.window_totals", f"{UNMATCHED}.gold_rows"):
+        assert suite in html
+    for result in (passing, failing, other_failing):
         assert result.docs_path is not None and result.docs_path.is_file()
+    assert failing.docs_path is not None and other_failing.docs_path is not None
     page = failing.docs_path.read_text()
-    assert "ctr" in page and "window_seconds" in page and "impressions" in page
-    suite_page = validator.docs_dir / "expectations" / PIPELINE / "window_totals.html"
-    assert "impressions_gold_total" in suite_page.read_text()
+    assert "ctr" in page and "window_seconds" in page and "clicks" in page
+    assert "unmatched_clicks" in other_failing.docs_path.read_text()
+    totals_page = validator.docs_dir / "expectations" / PIPELINE / "window_totals.html"
+    totals_html = totals_page.read_text()
+    assert "impressions_gold_total" in totals_html and "unmatched_clicks_gold_total" in totals_html
+    assert "unmatched_clicks" in (validator.docs_dir / "expectations" / UNMATCHED / "gold_rows.html").read_text()
     # Rebuilding with nothing new keeps every page.
     validator.build_docs()
     assert passing.docs_path is not None and passing.docs_path.is_file()
@@ -241,7 +521,7 @@ def test_data_docs_accumulate_across_validators(tmp_path: Path) -> None:
     first.build_docs()
 
     second = WindowValidator(docs)
-    later = run(second, clean_window(START + timedelta(hours=1)), pipeline="unmatched_clicks_hourly")
+    later = run(second, clean_window(START + timedelta(hours=1)), pipeline=UNMATCHED)
     index = second.build_docs().read_text()
 
     assert earlier.docs_path is not None and earlier.docs_path.is_file()
@@ -254,17 +534,21 @@ def test_suite_changed_by_another_validator_is_re_registered(tmp_path: Path) -> 
     docs = tmp_path / "data_docs"
     first, second = WindowValidator(docs), WindowValidator(docs)
     assert run(first, clean_window()).success
-    # The other validator rewrites the shared suite without the ctr check...
-    no_ctr = Window(CLEAN.gold.drop(columns=["ctr"]), CLEAN.completeness)
+    # The other validator rewrites the shared suite file with other checks (no ctr check)...
+    no_ctr = replace(CLEAN, checks=AD_CHECKS[1:])
     assert "validity:ctr_between_0_and_1" not in by_name(run(second, no_ctr))
 
-    # ...and the first one still validates with its own suite.
+    # ...and the first one still validates with its own suite,
     again = run(first, with_gold(CLEAN, ctr=[0.1, 1.5, None]))
-    assert [o.expectation for o in again.failed] == ["validity:ctr_between_0_and_1"]
+    assert names(again.outcomes) == ALL_NAMES
+    assert names(again.failed) == ["validity:ctr_between_0_and_1"]
+    # as does the other one once the first has written its suite back.
+    other = run(second, with_gold(no_ctr, ctr=[0.1, 1.5, None]))
+    assert other.success and "validity:ctr_between_0_and_1" not in by_name(other)
 
 
 def test_many_windows_through_one_validator(validator: WindowValidator) -> None:
-    windows = [clean_window(START + timedelta(hours=h), n=50) for h in range(24)]
+    windows = [two_outputs(clean_window(START + timedelta(hours=h), n=50)) for h in range(24)]
     run(validator, windows[0])  # the first window registers the suites
 
     began = time.perf_counter()
@@ -279,10 +563,12 @@ def test_many_windows_through_one_validator(validator: WindowValidator) -> None:
     print(f"\n{per_window * 1000:.0f} ms per window; build_docs for {len(windows)} windows: {docs_seconds:.2f} s")
 
 
-def test_suite_follows_the_columns_of_each_window(validator: WindowValidator) -> None:
-    no_ctr = Window(CLEAN.gold.drop(columns=["ctr"]), CLEAN.completeness)
+def test_suite_follows_the_checks_of_each_window(validator: WindowValidator) -> None:
+    no_ctr = replace(CLEAN, checks=AD_CHECKS[1:])
     bad_ctr = with_gold(CLEAN, ctr=[0.1, 1.5, None])
 
     assert "validity:ctr_between_0_and_1" in by_name(run(validator, CLEAN))
     assert "validity:ctr_between_0_and_1" not in by_name(run(validator, no_ctr))
-    assert [o.expectation for o in run(validator, bad_ctr).failed] == ["validity:ctr_between_0_and_1"]
+    assert names(run(validator, bad_ctr).failed) == ["validity:ctr_between_0_and_1"]
+    # The bad ctr goes unnoticed by a window that does not declare the check.
+    assert run(validator, replace(bad_ctr, checks=AD_CHECKS[1:])).success

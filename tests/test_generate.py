@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from sluice.config import ConfigError
-from sluice.generate import (
+from sluice_tools.generate import (
     BAD_TIMESTAMPS,
     GenerateOptions,
     Manifest,

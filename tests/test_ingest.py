@@ -3,20 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.delta.engine import RsDeltaEngine
 from sluice.ingest import file_watermarks, load_state, run_ingest
+from support import lake
+from support.lake import table
 
 pytestmark = pytest.mark.spark
 
@@ -36,20 +35,8 @@ def imp(i: str, minutes: float, ad: str = "a1", **extra: Any) -> str:
 
 
 def land(settings: Settings, stream: str, name: str, lines: list[str], arrival_minutes: float) -> Path:
-    """Write a landing file the way producers do (in-flight name, then rename) with its arrival mtime."""
-    folder = settings.landing_dir(stream)
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{name}.tmp"
-    tmp.write_text("".join(line + "\n" for line in lines))
-    final = folder / name
-    tmp.rename(final)
-    stamp = ts(arrival_minutes).timestamp()
-    os.utime(final, (stamp, stamp))
-    return final
-
-
-def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
-    return pa.table(DeltaTable(str(settings.lake / table)).to_pyarrow_table()).to_pylist()
+    """A landing file (see ``support.lake.land``) arriving ``arrival_minutes`` after T0."""
+    return lake.land(settings, stream, name, lines, ts(arrival_minutes))
 
 
 def ingest(spark: SparkSession, settings: Settings, now_minutes: float, *streams: str) -> Settings:
@@ -79,15 +66,15 @@ def test_each_quarantine_reason(spark: SparkSession, settings: Settings) -> None
         arrival_minutes=12,
     )
     ingest(spark, settings, 13)
-    reasons = {r["raw"]: r["reason"] for r in rows(settings, "quarantine/impressions")}
+    reasons = {r["raw"]: r["reason"] for r in table(settings, "quarantine/impressions")}
     assert sorted(reasons.values()) == sorted(
         ["malformed_json"] * 3 + ["missing_field"] * 2 + ["bad_timestamp"] * 3 + ["early"]
     )
     assert reasons[imp("e1", 20)] == "early"
     assert reasons["this is not json"] == "malformed_json"
-    q = rows(settings, "quarantine/impressions")
+    q = table(settings, "quarantine/impressions")
     assert all(r["source_file"].endswith("f1.jsonl") for r in q)
-    assert {r["impression_id"] for r in rows(settings, "bronze/impressions")} == {"ok", "e_ok"}
+    assert {r["impression_id"] for r in table(settings, "bronze/impressions")} == {"ok", "e_ok"}
 
 
 def test_early_records_do_not_advance_the_watermark(spark: SparkSession, settings: Settings) -> None:
@@ -124,11 +111,11 @@ def test_late_records_go_to_dlq_with_the_watermark_they_missed(
     land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
     land(settings, "impressions", "f2.jsonl", [imp("late1", 30), imp("edge", 50), imp("ok", 55)], 62)
     ingest(spark, settings, 63)
-    dlq = rows(settings, "dlq/impressions")
+    dlq = table(settings, "dlq/impressions")
     assert [(r["impression_id"], r["watermark"]) for r in dlq] == [("late1", ts(50))]
     assert dlq[0]["event_time"] == ts(30)
     # event_time == watermark is not below it: accepted.
-    assert {r["impression_id"] for r in rows(settings, "bronze/impressions")} == {"a", "edge", "ok"}
+    assert {r["impression_id"] for r in table(settings, "bronze/impressions")} == {"a", "edge", "ok"}
 
 
 def test_lateness_is_judged_file_by_file_whatever_the_trigger_size(
@@ -139,7 +126,7 @@ def test_lateness_is_judged_file_by_file_whatever_the_trigger_size(
     for files_per_trigger, home in ((1000, "big"), (1, "small")):
         s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
         ingest(spark, s, 63)
-        assert [r["impression_id"] for r in rows(s, "dlq/impressions")] == ["b"]
+        assert [r["impression_id"] for r in table(s, "dlq/impressions")] == ["b"]
 
 
 def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Settings) -> None:
@@ -154,7 +141,7 @@ def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Se
     assert len(heartbeats) == 1
     assert heartbeats[0].max_event_time == ts(1)  # now - idle_timeout
     assert state.watermark == ts(1) - timedelta(minutes=10)
-    bronze = rows(settings, "bronze/impressions")
+    bronze = table(settings, "bronze/impressions")
     hb = [r for r in bronze if r["is_heartbeat"]]
     assert len(hb) == 1 and hb[0]["event_time"] == ts(1)
     assert all(r["impression_id"] for r in bronze)  # heartbeats carry non-null sentinel keys
@@ -164,7 +151,7 @@ def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Se
     # A record that the heartbeat's watermark has passed is late.
     land(settings, "impressions", "f2.jsonl", [imp("old", -15)], arrival_minutes=40)
     ingest(spark, settings, 41)
-    assert [r["impression_id"] for r in rows(settings, "dlq/impressions")] == ["old"]
+    assert [r["impression_id"] for r in table(settings, "dlq/impressions")] == ["old"]
 
 
 def test_missing_landing_directory_is_idle_not_an_error(spark: SparkSession, settings: Settings) -> None:
@@ -178,7 +165,7 @@ def test_offset_timestamps_are_normalised_to_utc(spark: SparkSession, settings: 
     line = json.dumps({"impression_id": "tz", "ad_id": "a", "event_time": "2024-05-01T12:07:30.250+02:00"})
     land(settings, "impressions", "f1.jsonl", [line], arrival_minutes=10)
     ingest(spark, settings, 11)
-    [row] = rows(settings, "bronze/impressions")
+    [row] = table(settings, "bronze/impressions")
     assert row["event_time"] == datetime(2024, 5, 1, 10, 7, 30, 250000, tzinfo=UTC)
     assert (row["event_date"].isoformat(), row["event_hour"]) == ("2024-05-01", 10)
 
@@ -191,7 +178,7 @@ def test_duplicates_within_a_file_across_files_and_across_runs(
     ingest(spark, settings, 5)
     land(settings, "impressions", "f3.jsonl", [imp("x", 0), imp("z", 3), imp("w", 5)], arrival_minutes=6)
     ingest(spark, settings, 7)
-    bronze = sorted(r["impression_id"] for r in rows(settings, "bronze/impressions"))
+    bronze = sorted(r["impression_id"] for r in table(settings, "bronze/impressions"))
     assert bronze == ["w", "x", "y", "z"]
     per_file = {Path(r.source_file).name: r.duplicates for r in load_state(settings, "impressions").rows}
     assert per_file == {"f1.jsonl": 1, "f2.jsonl": 1, "f3.jsonl": 2}
@@ -213,7 +200,7 @@ def test_in_flight_and_foreign_files_are_ignored(spark: SparkSession, settings: 
     (folder / "_f3.jsonl").write_text(imp("underscore", 0) + "\n")
     (folder / "notes.txt").write_text("not an event file\n")
     ingest(spark, settings, 2)
-    assert [r["impression_id"] for r in rows(settings, "bronze/impressions")] == ["a"]
+    assert [r["impression_id"] for r in table(settings, "bronze/impressions")] == ["a"]
     assert load_state(settings, "impressions").totals()["lines"] == 1
 
 
@@ -225,13 +212,13 @@ def test_gzip_files_are_read(spark: SparkSession, settings: Settings) -> None:
     with gzip.open(folder / "f1.jsonl.gz", "wt") as fh:
         fh.write(imp("gz", 0) + "\n")
     ingest(spark, settings, 1)
-    assert [r["impression_id"] for r in rows(settings, "bronze/impressions")] == ["gz"]
+    assert [r["impression_id"] for r in table(settings, "bronze/impressions")] == ["gz"]
 
 
 def test_unknown_fields_are_ignored(spark: SparkSession, settings: Settings) -> None:
     land(settings, "impressions", "f1.jsonl", [imp("a", 0, extra={"nested": [1]}, colour="red")], 1)
     ingest(spark, settings, 2)
-    [row] = rows(settings, "bronze/impressions")
+    [row] = table(settings, "bronze/impressions")
     assert "colour" not in row and row["impression_id"] == "a"
 
 
@@ -256,6 +243,6 @@ def test_a_quarantined_copy_does_not_make_the_valid_record_a_duplicate(
     for files_per_trigger, home in ((1000, "big"), (1, "small")):
         s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
         ingest(spark, s, 3)
-        assert [r["impression_id"] for r in rows(s, "bronze/impressions")] == ["a"], files_per_trigger
-        assert [r["reason"] for r in rows(s, "quarantine/impressions")] == ["bad_timestamp"]
+        assert [r["impression_id"] for r in table(s, "bronze/impressions")] == ["a"], files_per_trigger
+        assert [r["reason"] for r in table(s, "quarantine/impressions")] == ["bad_timestamp"]
         assert load_state(s, "impressions").totals()["duplicates"] == 0

@@ -23,7 +23,7 @@ import pyspark
 import pytest
 from deltalake import DeltaTable
 
-from sluice.generate import GenerateOptions, generate
+from sluice_tools.generate import GenerateOptions, generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
 

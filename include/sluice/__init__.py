@@ -1,0 +1,37 @@
+"""sluice: event-time pipelines on Airflow and Spark, with Delta tables, a DLQ, a window ledger and
+data-quality checks. Declare your streams and pipelines with this API (SPEC section 8)::
+
+    from sluice import Output, Pipeline, Stream, checks
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+if TYPE_CHECKING:
+    from sluice import checks
+    from sluice.api import Output, Pipeline, Stream
+    from sluice.windows import WindowSpec
+
+# Resolved on first use: `import sluice.airflow_defaults` runs in every interpreter of the venv (a .pth
+# file), and must not pay for importing PySpark.
+_LAZY = {
+    "Output": "sluice.api",
+    "Pipeline": "sluice.api",
+    "Stream": "sluice.api",
+    "WindowSpec": "sluice.windows",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "checks":
+        return importlib.import_module("sluice.checks")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'sluice' has no attribute {name!r}")
+
+
+__all__ = ["Output", "Pipeline", "Stream", "WindowSpec", "__version__", "checks"]

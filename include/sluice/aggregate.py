@@ -1,24 +1,34 @@
-"""The scheduled (streaming) path: bronze -> gold, one availableNow query per pipeline output.
+"""The scheduled path: bronze -> gold, one availableNow streaming query per pipeline output, and the
+closing rule that decides when a window is written.
 
-Each query reads the pipeline's bronze streams through the engine's Delta stream source, applies the
-pipeline's transforms (watermarks, dedup, stream-stream join, chained windows: several stateful operators
-in one query, RocksDB state), and writes closed windows in append mode. The sink (``foreachBatch``):
+**Inputs.** A pipeline's build function gets, per stream, the accepted records of bronze: heartbeats
+removed, the declared fields only (the event-time field under its declared name), watermarked with the
+stream's delay and deduplicated on the stream's id (a guard against a replayed bronze commit). So
+heartbeats are invisible to user code, whatever it does.
 
-* drops heartbeat groups (they only exist to move watermarks),
-* appends the windows to gold in one Delta commit keyed by (query, batch id), so a replayed batch is a
-  no-op and every window is written exactly once,
-* records the windows in ops/window_ledger with the watermark that closed them.
+**The closing rule.** A window ``[start, end)`` is final, and is written to gold once, when the pipeline
+watermark ``W`` (the minimum of the stored per-stream watermarks, heartbeats included) satisfies
+``W >= end + lateness_bound``. Every path that writes gold applies exactly this rule: the streaming
+queries, the batch catch-up, the batch close below, and backfills.
 
-Batch catch-up. Replaying a long backlog through stateful streaming operators costs 2-3x what the same
-logic costs as one Spark batch. So when a pipeline's queries start fresh (no checkpoint) and at least
-``catchup_min_windows`` windows are already closable, the runner first computes every window that ends
-at or before the boundary ``B = watermark - lateness_bound`` in batch from bronze (the backfill code path:
-same transforms, same rows), commits it like the sink would, and records ``B`` in
-``<checkpoints>/pipelines/<pipeline>/catchup.json``. The streaming queries then read only the bronze rows
-that can still reach a window ending after ``B`` (event_time >= B - window size - lateness_bound; whole
-hourly partitions before that are not even read) and their sink drops windows ending at or before ``B``,
-which the batch wrote. The marker is written before the batch commits (state ``pending``), and those
-commits carry their own app transactions, so a crash anywhere in between is repaired by the next run.
+**Streaming and the batch close.** Each output's streaming query (Spark's stateful operators, RocksDB
+state) writes the windows Spark closes. Spark closes on its own watermark, which only moves with rows it
+sees (never heartbeats), treats ``event_time <= watermark`` as late, evicts ``<=`` join state a
+millisecond later than the rule above, and forgets an input with no rows after a restart. So Spark never
+closes a window *before* the rule, but it may close it later. After the streaming queries, every window
+the rule makes final that is not in gold yet is computed in batch from bronze (the backfill code path:
+same transforms, same rows) and committed the same way; ``closed_through`` records the boundary
+(``W - lateness_bound``) it reached, and the streaming sink drops windows ending at or before it. After
+every cycle, gold therefore holds exactly the windows that end at or before ``W - lateness_bound``,
+however Spark's watermark moved.
+
+**Batch catch-up.** Replaying a long backlog through stateful streaming operators costs 2-3x what the
+same logic costs as one Spark batch. So when a pipeline's queries start fresh (no checkpoint) and at least
+``catchup_min_windows`` windows are already closable, the runner first computes those windows in batch and
+the streaming queries read only the bronze rows that can still reach a later window (whole hourly
+partitions before that are not even read). The marker is written before the batch commits (state
+``pending``), and those commits carry their own app transactions, so a crash anywhere in between is
+repaired by the next run.
 """
 
 from __future__ import annotations
@@ -28,24 +38,26 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from deltalake import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.types import StructField, StructType
 
 from sluice import tables
 from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine
 from sluice.ingest import load_state
-from sluice.ledger import LedgerRow, late_counts, next_version, read_ledger, write_ledger
-from sluice.pipelines import PipelineDef
-from sluice.pipelines.base import Output, WindowSpec
-from sluice.pipelines.transforms import without_heartbeats
+from sluice.ledger import WINDOW_LEDGER, LedgerRow, late_counts, next_version, read_ledger, write_ledger
+from sluice.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
 from sluice.spark import collected_utc
+from sluice.windows import WindowSpec, spark_interval
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -74,11 +86,30 @@ def batch_watermark(checkpoint: Path, batch_id: int) -> datetime | None:
 
 
 def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
-    """The pipeline's event-time watermark: the slowest of its streams (Spark's default 'min' policy)."""
+    """The pipeline's event-time watermark: the minimum of its streams' stored watermarks (None until
+    every stream has one)."""
     marks = [load_state(settings, s).watermark for s in pipeline.streams]
     if any(m is None for m in marks):
         return None
     return min(m for m in marks if m is not None)
+
+
+def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | None:
+    """Windows ending at or before this are final: ``W - lateness_bound`` (see the module docstring)."""
+    watermark = pipeline_watermark(settings, pipeline)
+    return None if watermark is None else watermark - pipeline.lateness_bound
+
+
+def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:
+    """Bronze rows as a build function sees them: no heartbeats, the declared fields under their declared
+    names, watermarked and deduplicated (plain dedup on batch frames, which have no watermark)."""
+    columns = [F.col(f).alias(spec.json_name(f)) if f == EVENT_TIME else F.col(f) for f in spec.fields]
+    rows = df.filter(~F.col("is_heartbeat")).select(*columns) if "is_heartbeat" in df.columns else df.select(*columns)
+    if rows.isStreaming:
+        return rows.withWatermark(spec.time_field, spark_interval(spec.watermark_delay)).dropDuplicatesWithinWatermark(
+            [spec.id_field]
+        )
+    return rows.dropDuplicates([spec.id_field])
 
 
 def batch_inputs(
@@ -93,17 +124,51 @@ def batch_inputs(
     DLQ with ``include_late``), read only from the hourly partitions that overlap the range."""
     in_range = tables.hours_overlapping(lo, hi)
     frames = {}
-    for stream, prepare in pipeline.inputs.items():
+    for stream in pipeline.streams:
         spec = settings.stream(stream)
-        bronze = engine.read(tables.bronze(spec).path(settings), files=in_range)
+        bronze = engine.read(tables.bronze(spec).path(settings), files=in_range).filter(~F.col("is_heartbeat"))
         if include_late:
             dlq = engine.read(tables.dlq(spec).path(settings))
-            bronze = bronze.unionByName(dlq.select(*[F.col(f) for f in spec.fields]), allowMissingColumns=True)
-        keep = F.col("event_time") < F.lit(hi)
+            bronze = bronze.select(*spec.fields).unionByName(dlq.select(*spec.fields))
+        keep = F.col(EVENT_TIME) < F.lit(hi)
         if lo is not None:
-            keep = keep & (F.col("event_time") >= F.lit(lo))
-        frames[stream] = bronze.filter(keep).transform(prepare(spec))
+            keep = keep & (F.col(EVENT_TIME) >= F.lit(lo))
+        frames[stream] = prepare_input(spec, bronze.filter(keep))
     return frames
+
+
+def empty_inputs(spark: SparkSession, settings: Settings, pipeline: PipelineDef) -> dict[str, DataFrame]:
+    """Empty batch inputs of the right shape: enough for Spark to analyse a build function (its schema)."""
+    return {
+        s: prepare_input(settings.stream(s), spark.createDataFrame([], tables.bronze(settings.stream(s)).schema))
+        for s in pipeline.streams
+    }
+
+
+def gold_columns(output: OutputDef, df: DataFrame) -> list[str]:
+    """The gold table's columns: window bounds, the key(s), then the metrics in the build's order."""
+    missing = [k for k in ("window", *output.keys) if k not in df.columns]
+    if missing:
+        raise ValueError(
+            f"output {output.name!r}: the build function must return a 'window' column (from "
+            f"window.column(<time column>)) and the key column(s) {list(output.keys)}; missing: {missing}"
+        )
+    metrics = [c for c in df.columns if c not in ("window", "window_start", "window_end", *output.keys)]
+    return ["window_start", "window_end", *output.keys, *metrics]
+
+
+def gold_schema(spark: SparkSession, settings: Settings, pipeline: PipelineDef, output: OutputDef) -> StructType:
+    """The gold table's schema, from the analysed (never executed) plan of the build function."""
+    rows = gold_rows(output, output.build(empty_inputs(spark, settings, pipeline), pipeline.window), pipeline.window)
+    return StructType([StructField(f.name, f.dataType, True) for f in rows.schema.fields])
+
+
+def ensure_output_table(
+    spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef, output: OutputDef
+) -> None:
+    path = output.path(settings)
+    if not DeltaTable.is_deltatable(str(path)):
+        engine.ensure_table(path, gold_schema(spark, settings, pipeline, output))
 
 
 @dataclass(frozen=True)
@@ -130,16 +195,14 @@ class CatchUp:
         return self.boundary - pipeline.window.size - pipeline.lateness_bound
 
 
-def gold_rows(output: Output, df: DataFrame, window: WindowSpec) -> DataFrame:
-    """Sink-side shaping shared by the streaming and backfill paths: contract columns, no heartbeats,
-    deterministic order."""
-    columns = output.table.schema.names
+def gold_rows(output: OutputDef, df: DataFrame, window: WindowSpec) -> DataFrame:
+    """Sink-side shaping shared by every path: contract columns, deterministic order."""
+    columns = gold_columns(output, df)
     return (
         df.transform(window.bounds)
-        .transform(without_heartbeats(output.key))
         .select(*columns)
         .coalesce(1)
-        .sortWithinPartitions("window_start", "window_end", output.key)
+        .sortWithinPartitions("window_start", "window_end", *output.keys)
     )
 
 
@@ -152,32 +215,41 @@ class PipelineRunner:
         self.result = AggregateResult(pipeline.name)
         self._turnstile = _Turnstile(len(pipeline.outputs))
 
-    def checkpoint(self, output: Output) -> Path:
+    def checkpoint(self, output: OutputDef) -> Path:
         return self.settings.checkpoints / "pipelines" / self.pipeline.name / output.name
 
     @property
     def catchup_marker(self) -> Path:
         return self.settings.checkpoints / "pipelines" / self.pipeline.name / "catchup.json"
 
-    def ensure_tables(self) -> None:
-        from sluice.ledger import WINDOW_LEDGER
+    @property
+    def closed_marker(self) -> Path:
+        return self.settings.checkpoints / "pipelines" / self.pipeline.name / "closed_through.json"
 
+    def closed_through(self) -> datetime | None:
+        """The boundary up to which the batch close (or catch-up) has written every final window."""
+        marker = self.closed_marker
+        if not marker.exists():
+            return None
+        return datetime.fromisoformat(json.loads(marker.read_text())["boundary"])
+
+    def ensure_tables(self) -> None:
         for output in self.pipeline.outputs:
-            self.engine.ensure_table(output.table.path(self.settings), output.table.schema)
+            ensure_output_table(self.spark, self.settings, self.engine, self.pipeline, output)
         self.engine.ensure_table(WINDOW_LEDGER.path(self.settings), WINDOW_LEDGER.schema)
 
     def inputs(self, since: datetime | None = None) -> dict[str, DataFrame]:
         """The streaming inputs; ``since`` (after a catch-up) skips bronze rows older than it."""
         frames = {}
-        for stream, prepare in self.pipeline.inputs.items():
+        for stream in self.pipeline.streams:
             spec = self.settings.stream(stream)
             path = tables.bronze(spec).path(self.settings)
             raw = self.engine.read_stream(
                 path, max_files_per_trigger=self.settings.max_files_per_trigger, min_event_time=since
             )
             if since is not None:
-                raw = raw.filter(F.col("event_time") >= F.lit(since))
-            frames[stream] = raw.transform(prepare(spec))
+                raw = raw.filter(F.col(EVENT_TIME) >= F.lit(since))
+            frames[stream] = prepare_input(spec, raw)
         return frames
 
     def run(self) -> AggregateResult:
@@ -190,6 +262,8 @@ class PipelineRunner:
             log.info("%s: no records accepted yet; nothing to aggregate", self.pipeline.name)
             return self.result
         catchup = self.catch_up()
+        boundaries = [b for b in (catchup.boundary if catchup else None, self.closed_through()) if b is not None]
+        after = max(boundaries) if boundaries else None
         # The outputs' queries run side by side: on small increments their time is mostly fixed latency
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
         # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
@@ -197,7 +271,7 @@ class PipelineRunner:
         running: list[tuple[int, StreamingQuery, Path, dict[str, int]]] = []
         try:
             for index, output in enumerate(self.pipeline.outputs):
-                started = self._start_output(index, output, catchup)
+                started = self._start_output(index, output, catchup, after)
                 if started is None:
                     self._turnstile.finish(index)
                 else:
@@ -212,10 +286,80 @@ class PipelineRunner:
             for _index, query, _marker, _versions in running:
                 if query.isActive:
                     query.stop()
+        self.close_final_windows(after)
         return self.result
 
+    # -- the batch close (see the module docstring) -----------------------------------------------------
+    def _window_ends(self, lo: datetime | None, hi: datetime) -> bool:
+        """Whether some window of the pipeline ends in ``(lo, hi]``."""
+        window = self.pipeline.window
+        if lo is None:
+            return True
+        slide_us = int(window.slide.total_seconds() * 1_000_000)
+        size_us = int(window.size.total_seconds() * 1_000_000)
+        epoch = datetime(1970, 1, 1, tzinfo=UTC)
+        # Ends are start + size with start on the slide grid: the first end after lo, and is it <= hi?
+        lo_us = (lo - epoch) // timedelta(microseconds=1)
+        k = (lo_us - size_us) // slide_us + 1
+        first_end = epoch + timedelta(microseconds=k * slide_us + size_us)
+        return first_end <= hi
+
+    def _written_windows(self, output: OutputDef, after: datetime | None) -> set[Window]:
+        """Windows of gold ending after ``after`` (metadata-sized: gold holds one row per window and key,
+        and its files are pruned by their window_end statistics)."""
+        path = output.path(self.settings)
+        if not DeltaTable.is_deltatable(str(path)):
+            return set()
+        dataset = DeltaTable(str(path)).to_pyarrow_dataset()
+        filt = None if after is None else pc.field("window_end") > pa.scalar(after, pa.timestamp("us", "UTC"))
+        data = dataset.to_table(columns=["window_start", "window_end"], filter=filt)
+        return {(collected_utc(s), collected_utc(e)) for s, e in zip(
+            data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True)}
+
+    def close_final_windows(self, after: datetime | None) -> None:
+        """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
+        pipeline = self.pipeline
+        boundary = closing_boundary(self.settings, pipeline)
+        if boundary is None or (after is not None and boundary <= after):
+            return
+        if not self._window_ends(after, boundary):
+            _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+            return
+        written = {o.name: self._written_windows(o, after) for o in pipeline.outputs}
+        started = time.monotonic()
+        lo = after - pipeline.window.size - pipeline.lateness_bound if after is not None else None
+        inputs = batch_inputs(self.settings, self.engine, pipeline, lo, boundary + pipeline.lateness_bound)
+        watermark = pipeline_watermark(self.settings, pipeline)
+        closed_before = len(self.result.windows)
+        for output in pipeline.outputs:
+            final = F.col("window_end") <= F.lit(boundary)
+            if after is not None:
+                final = final & (F.col("window_end") > F.lit(after))
+            rows = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window).filter(final)
+            if written[output.name]:
+                done = self.spark.createDataFrame(sorted(written[output.name]), "_ws timestamp, _we timestamp")
+                rows = rows.join(
+                    F.broadcast(done),
+                    (F.col("window_start") == F.col("_ws")) & (F.col("window_end") == F.col("_we")),
+                    "left_anti",
+                ).coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys)
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                app = f"sluice.close.{output.name}"
+                meta = {"pipeline": pipeline.name, "output": output.name, "batch_close": True,
+                        "watermark": watermark, "boundary": boundary}
+                self._commit_windows(output, rows, meta, watermark, app,
+                                     next_version(self.engine, output.path(self.settings), app),
+                                     ledger_app=f"sluice.ledger.close.{output.name}")
+            finally:
+                rows.unpersist()
+        _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+        log.info("%s: closed %d window(s) in batch up to %s in %.1fs (watermark %s)", pipeline.name,
+                 len(self.result.windows) - closed_before, boundary.isoformat(), time.monotonic() - started,
+                 watermark.isoformat() if watermark else "-")
+
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
-    def _started(self, output: Output) -> bool:
+    def _started(self, output: OutputDef) -> bool:
         commits = self.checkpoint(output) / "commits"
         return commits.is_dir() and any(commits.iterdir())
 
@@ -258,13 +402,11 @@ class PipelineRunner:
         backlog = (boundary - min(oldest)) / self.pipeline.window.slide
         if backlog < minimum:
             return None
-        from sluice.ledger import WINDOW_LEDGER
-
         versions = [
             version
             for o in self.pipeline.outputs
             for version in (
-                next_version(self.engine, o.table.path(self.settings), self._catchup_app(o)),
+                next_version(self.engine, o.path(self.settings), self._catchup_app(o)),
                 next_version(self.engine, WINDOW_LEDGER.path(self.settings), f"sluice.ledger.catchup.{o.name}"),
             )
         ]
@@ -273,7 +415,7 @@ class PipelineRunner:
         return CatchUp(boundary, watermark, max(versions))
 
     @staticmethod
-    def _catchup_app(output: Output) -> str:
+    def _catchup_app(output: OutputDef) -> str:
         return f"sluice.catchup.{output.name}"
 
     def _run_catch_up(self, catchup: CatchUp) -> None:
@@ -301,13 +443,13 @@ class PipelineRunner:
     def input_versions(self) -> dict[str, int]:
         """The current Delta version of every bronze input (metadata only)."""
         versions = {}
-        for stream in self.pipeline.inputs:
+        for stream in self.pipeline.streams:
             path = tables.bronze(self.settings.stream(stream)).path(self.settings)
             versions[stream] = DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else -1
         return versions
 
     def _start_output(
-        self, index: int, output: Output, catchup: CatchUp | None
+        self, index: int, output: OutputDef, catchup: CatchUp | None, after: datetime | None
     ) -> tuple[StreamingQuery, Path, dict[str, int]] | None:
         checkpoint = self.checkpoint(output)
         self.result.closed.setdefault(output.name, [])
@@ -320,7 +462,6 @@ class PipelineRunner:
             return None
         since = catchup.stream_from(self.pipeline) if catchup else None
         windowed = output.build(self.inputs(since), self.pipeline.window)
-        after = catchup.boundary if catchup else None
         query = (
             windowed.writeStream.queryName(f"sluice_{self.pipeline.name}_{output.name}")
             .outputMode("append")
@@ -332,7 +473,7 @@ class PipelineRunner:
         return query, marker, versions
 
     def _sink(
-        self, index: int, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+        self, index: int, output: OutputDef, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
     ) -> None:
         try:
             self._sink_batch(index, output, checkpoint, df, batch_id, after)
@@ -340,11 +481,11 @@ class PipelineRunner:
             self._turnstile.passed(index, batch_id)
 
     def _sink_batch(
-        self, index: int, output: Output, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+        self, index: int, output: OutputDef, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
     ) -> None:
         rows = gold_rows(output, df, self.pipeline.window)
         if after is not None:
-            # Windows up to the catch-up boundary were written by the batch catch-up.
+            # Windows up to this boundary were written by the batch catch-up or the batch close.
             rows = rows.filter(F.col("window_end") > F.lit(after))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
@@ -357,7 +498,7 @@ class PipelineRunner:
 
     def _commit_windows(
         self,
-        output: Output,
+        output: OutputDef,
         rows: DataFrame,
         meta: dict[str, object],
         watermark: datetime | None,
@@ -377,7 +518,7 @@ class PipelineRunner:
             return
         windows = sorted(counts)
         meta = {**meta, "watermark": watermark, "closed_windows": [[s.isoformat(), e.isoformat()] for s, e in windows]}
-        self.engine.append(rows, output.table.path(self.settings), app_id=app_id, version=version, metadata=meta)
+        self.engine.append(rows, output.path(self.settings), app_id=app_id, version=version, metadata=meta)
         if turn is not None:
             self._turnstile.wait_turn(*turn)
         self._record_closed(output, counts, watermark, app_id=ledger_app, version=version)
@@ -388,7 +529,7 @@ class PipelineRunner:
                      watermark.isoformat() if watermark else "-")
 
     def _record_closed(
-        self, output: Output, counts: dict[Window, int], watermark: datetime | None, *, app_id: str, version: int
+        self, output: OutputDef, counts: dict[Window, int], watermark: datetime | None, *, app_id: str, version: int
     ) -> None:
         """Ledger rows for windows this batch closed. A pipeline with several outputs shares one ledger row
         per window; the first output to close it creates the row, later ones add their rows."""
@@ -452,6 +593,7 @@ class _Turnstile:
 
 
 def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(path)

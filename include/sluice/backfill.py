@@ -18,13 +18,13 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.aggregate import batch_inputs, gold_rows, pipeline_watermark
+from sluice.aggregate import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 from sluice.config import ConfigError, Settings, parse_timestamp
 from sluice.delta.engine import DeltaEngine, get_engine
 from sluice.dq import warm_up
 from sluice.ledger import LedgerRow, next_version, read_ledger, write_ledger
 from sluice.locks import pipeline_lock
-from sluice.pipelines import PipelineDef, get_pipeline
+from sluice.model import PipelineDef
 from sluice.quality import QualityChecker, QualityReport
 from sluice.spark import get_spark
 
@@ -75,7 +75,7 @@ def validate_request(
     settings: Settings, pipeline: str, start: str | datetime, end: str | datetime, include_late: bool = False
 ) -> BackfillRequest:
     """Check parameters before any Spark work; every message says what to do instead."""
-    definition = get_pipeline(pipeline, settings.window_for(pipeline))
+    definition = settings.pipeline(pipeline)
     start_ts = parse_timestamp(start, "start")
     end_ts = parse_timestamp(end, "end")
     if start_ts >= end_ts:
@@ -123,14 +123,16 @@ class Backfill:
         req = self.request
         pipeline = req.pipeline
         result = BackfillResult(req)
-        watermark = pipeline_watermark(self.settings, pipeline)
-        closable_until = (watermark - pipeline.lateness_bound) if watermark else None
+        # The closing rule of every path: a window is final once W >= end + lateness_bound.
+        closable_until = closing_boundary(self.settings, pipeline)
         inputs = self._inputs()
         in_range = (F.col("window_start") >= F.lit(req.start)) & (F.col("window_start") < F.lit(req.end))
-        closed = in_range & (F.col("window_end") <= F.lit(closable_until)) if closable_until else F.lit(False)
+        closed = (
+            in_range & (F.col("window_end") <= F.lit(closable_until)) if closable_until is not None else F.lit(False)
+        )
         windows: set[tuple[datetime, datetime]] = set()
         for output in pipeline.outputs:
-            self.engine.ensure_table(output.table.path(self.settings), output.table.schema)
+            ensure_output_table(self.spark, self.settings, self.engine, pipeline, output)
             # One computation (gold-sized: windows x keys) feeds the open-window check, the counts and the commit.
             computed = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
             computed = computed.filter(in_range).localCheckpoint()
@@ -143,7 +145,7 @@ class Backfill:
             }
             windows.update(counts)
             result.rows[output.name] = sum(counts.values())
-            path = output.table.path(self.settings)
+            path = output.path(self.settings)
             app = f"sluice.backfill.{output.name}"
             meta = {"pipeline": pipeline.name, "start": req.start, "end": req.end, "include_late": req.include_late}
             self.engine.replace(

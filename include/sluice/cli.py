@@ -1,7 +1,7 @@
-"""The ``sluice`` command line. The Airflow tasks call the same functions (``sluice.cycle``).
+"""sluice: event-time pipelines on Spark, scheduled by Airflow.
 
-Exit codes of ``run`` and ``backfill``: 0 = the cycle ran and every closed window passed; 2 = the cycle
-ran but some windows failed their checks; anything else = the cycle itself failed.
+Exit codes of run and backfill: 0 = the cycle ran and every closed window passed; 2 = the cycle ran but
+some windows failed their checks (they are reported and alerted); anything else = the cycle itself failed.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.config import PIPELINE_STREAMS, ConfigError, Settings, load_settings
+from sluice.config import ConfigError, Settings, load_settings
 
 log = logging.getLogger("sluice")
 
@@ -34,11 +34,23 @@ def setup_logging(verbose: bool = False) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(home=getattr(args, "home", None), now=getattr(args, "now", None))
+    return load_settings(
+        home=getattr(args, "home", None), now=getattr(args, "now", None), pipelines=getattr(args, "pipelines", None)
+    )
+
+
+def _tools() -> None:
+    """``sluice_tools`` (generator, demo) ships beside the package in a clone; say so if it is missing."""
+    try:
+        import sluice_tools  # noqa: F401
+    except ImportError:
+        raise ConfigError("this command needs sluice's tools/ folder (the example-data generator and demo); run "
+                          "it from a clone of the sluice repository after `make setup`") from None
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from sluice.generate import generate, options_from_args
+    _tools()
+    from sluice_tools.generate import generate, options_from_args
 
     settings = _settings(args)
     options = options_from_args(args)
@@ -107,9 +119,29 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from sluice.demo import run_demo
+    _tools()
+    from sluice_tools.demo import run_demo
 
     return run_demo(_settings(args))
+
+
+def cmd_pipelines(args: argparse.Namespace) -> int:
+    from sluice.describe import describe_registry
+
+    settings = _settings(args)
+    print(describe_registry(settings))
+    return EXIT_FAILED if settings.registry.errors and args.strict else EXIT_OK
+
+
+def cmd_new_pipeline(args: argparse.Namespace) -> int:
+    from sluice.scaffold import scaffold
+
+    settings = _settings(args)
+    created = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None)
+    for path in created:
+        print(f"created {path}")
+    print(f"next: edit {created[0]}, then `sluice pipelines` and `sluice run {args.name}`")
+    return EXIT_OK
 
 
 def _flag(value: str) -> bool:
@@ -122,38 +154,49 @@ def _flag(value: str) -> bool:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sluice", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sluice", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="examples:\n  sluice pipelines\n  sluice run <pipeline> --now 2024-05-01T06:00:00Z\n"
+               "  sluice backfill <pipeline> --start 2024-05-01T00:00:00Z --end 2024-05-01T06:00:00Z\n"
+               "  sluice status",
+    )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     parser.add_argument("--home", help="SLUICE_HOME (default: $SLUICE_HOME or ./.sluice)")
+    parser.add_argument("--pipelines", help="the pipelines folder (default: $SLUICE_PIPELINES or pipelines/)")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from sluice.generate import add_arguments
-
-    gen = sub.add_parser("generate", help="write synthetic landing files (deterministic by --seed)")
-    add_arguments(gen)
+    gen = sub.add_parser("generate", help="write synthetic landing files for the example streams "
+                         "(deterministic by --seed)")
+    try:
+        from sluice_tools.generate import add_arguments
+    except ImportError:  # installed without the repo's tools/: cmd_generate says what to do
+        pass
+    else:
+        add_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 
     run = sub.add_parser("run", help="one full cycle of a pipeline without Airflow")
-    run.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
+    run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
     run.add_argument("--now", help="injectable 'now' (RFC 3339); default $SLUICE_NOW or the clock")
     run.add_argument("--skip-quality", action="store_true", help="ingest and aggregate only (DQ runs later)")
-    run.add_argument("--no-deliver", action="store_true", help="record alerts but leave delivery to `alerts`")
+    run.add_argument("--no-deliver", action="store_true",
+                     help="record alerts in ops/alerts but do not send them (the DAG's send_alerts task does)")
     run.set_defaults(func=cmd_run)
 
     check = sub.add_parser("check", help="validate closed windows that are not validated yet")
-    check.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
+    check.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
     check.add_argument("--now", help="injectable 'now' (RFC 3339)")
     check.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
     check.add_argument("--strict", action="store_true", help="exit 2 when a window fails")
     check.set_defaults(func=cmd_check)
 
     ingest = sub.add_parser("ingest", help="ingest landing streams into bronze only")
-    ingest.add_argument("streams", nargs="+", help="stream names, e.g. impressions clicks")
+    ingest.add_argument("streams", nargs="+", help="stream names (see `sluice pipelines`)")
     ingest.add_argument("--now", help="injectable 'now' (RFC 3339)")
     ingest.set_defaults(func=cmd_ingest)
 
     backfill = sub.add_parser("backfill", help="recompute a range of closed windows from bronze")
-    backfill.add_argument("pipeline", help=f"one of: {', '.join(PIPELINE_STREAMS)}")
+    backfill.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
     backfill.add_argument("--start", required=True, help="first window start, RFC 3339 (inclusive)")
     backfill.add_argument("--end", required=True, help="range end, RFC 3339 (exclusive)")
     backfill.add_argument(
@@ -167,6 +210,16 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", help="watermarks, last arrivals and row counts")
     status.add_argument("--now", help=argparse.SUPPRESS)
     status.set_defaults(func=cmd_status)
+
+    pipelines = sub.add_parser("pipelines", help="list the registered pipelines: streams, window, schedule, "
+                               "outputs and checks")
+    pipelines.add_argument("--strict", action="store_true", help="exit 1 when a pipeline file failed to load")
+    pipelines.set_defaults(func=cmd_pipelines)
+
+    new = sub.add_parser("new-pipeline", help="scaffold a pipeline file (and a test) to start from")
+    new.add_argument("name", help="the pipeline name, e.g. device_temps (lower case, digits, '_')")
+    new.add_argument("--tests", help="also write a test into this folder (default: none)")
+    new.set_defaults(func=cmd_new_pipeline)
 
     demo = sub.add_parser("demo", help="generate a day of data and run every pipeline end to end")
     demo.add_argument("--now", help=argparse.SUPPRESS)

@@ -12,7 +12,8 @@ Environment variables:
 ``SLUICE_LAKE``                    Delta lake root (default ``$SLUICE_HOME/lake``)
 ``SLUICE_NOW``                     injectable "now", RFC 3339 (default: the wall clock)
 ``SLUICE_CONFIG``                  YAML file with any of the keys below
-``SLUICE_<STREAM>_<KEY>``          per-stream override, e.g. ``SLUICE_CLICKS_WATERMARK_DELAY=15m``
+``SLUICE_PIPELINES``               the pipelines folder (YAML ``pipelines_path``; default ``pipelines/``)
+``SLUICE_<STREAM>_<KEY>``          per-stream override, e.g. ``SLUICE_READINGS_WATERMARK_DELAY=15m``
 ``SLUICE_<KEY>``                   global key, e.g. ``SLUICE_MAX_FILES_PER_TRIGGER=50``
 =================================  ==========================================================
 """
@@ -20,7 +21,6 @@ Environment variables:
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -29,52 +29,11 @@ from typing import Any
 
 import yaml
 
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key and what is allowed."""
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$")
-_UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
-
-
-def parse_duration(value: object, key: str) -> timedelta:
-    """``"10m"``, ``"30 min"``, ``"1h"``, ``"90s"``, ``600`` (seconds) or a timedelta."""
-    if isinstance(value, timedelta):
-        seconds = value.total_seconds()
-    elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
-    else:
-        m = _DURATION.match(str(value))
-        if not m:
-            raise ConfigError(
-                f"{key}: {value!r} is not a duration; use e.g. '10m', '30 min', '1h', '90s' or seconds"
-            )
-        unit = (m.group(2) or "s").lower()
-        unit_key = "ms" if unit == "ms" else unit[0]
-        seconds = float(m.group(1)) * _UNIT_SECONDS[unit_key]
-    if seconds < 0:
-        raise ConfigError(f"{key}: {value!r} is negative; durations must be >= 0")
-    return timedelta(seconds=seconds)
-
-
-def parse_timestamp(value: object, key: str) -> datetime:
-    """An RFC 3339 timestamp (``Z`` or a numeric offset), normalised to aware UTC."""
-    if isinstance(value, datetime):
-        ts = value
-    else:
-        text = str(value).strip()
-        if text.endswith(("Z", "z")):
-            text = text[:-1] + "+00:00"
-        try:
-            ts = datetime.fromisoformat(text)
-        except ValueError:
-            raise ConfigError(
-                f"{key}: {value!r} is not an RFC 3339 timestamp; use e.g. 2024-05-01T12:00:00Z"
-            ) from None
-    if ts.tzinfo is None:
-        ts = ts.replace(tzinfo=UTC)
-    return ts.astimezone(UTC)
+from sluice.errors import ConfigError
+from sluice.model import PipelineDef, StreamSpec
+from sluice.registry import Registry, default_pipelines_path, load_registry
+from sluice.timeutil import parse_duration, parse_timestamp
+from sluice.windows import WindowSpec
 
 
 def _positive_int(value: object, key: str, minimum: int = 1) -> int:
@@ -87,65 +46,7 @@ def _positive_int(value: object, key: str, minimum: int = 1) -> int:
     return number
 
 
-@dataclass(frozen=True)
-class StreamSpec:
-    """A landing stream: its id column, required fields and time semantics."""
-
-    name: str
-    id_field: str
-    required: tuple[str, ...]
-    optional: tuple[str, ...]
-    watermark_delay: timedelta
-    early_tolerance: timedelta = timedelta(minutes=5)
-    idle_timeout: timedelta = timedelta(minutes=30)
-
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """All payload fields in their declared order (event_time last)."""
-        ordered = [f for f in (*self.required, *self.optional) if f != "event_time"]
-        return (*sorted(set(ordered), key=ordered.index), "event_time")
-
-
 STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
-
-DEFAULT_STREAMS: dict[str, StreamSpec] = {
-    "impressions": StreamSpec(
-        name="impressions",
-        id_field="impression_id",
-        required=("impression_id", "ad_id", "event_time"),
-        optional=("user_id",),
-        watermark_delay=timedelta(minutes=10),
-    ),
-    "clicks": StreamSpec(
-        name="clicks",
-        id_field="click_id",
-        required=("click_id", "impression_id", "ad_id", "event_time"),
-        optional=("user_id",),
-        watermark_delay=timedelta(minutes=10),
-    ),
-    "events": StreamSpec(
-        name="events",
-        id_field="event_id",
-        required=("event_id", "user_id", "event_time"),
-        optional=("event_type",),
-        watermark_delay=timedelta(minutes=5),
-    ),
-}
-
-# Which landing streams each pipeline reads (SPEC section 4).
-PIPELINE_STREAMS: dict[str, tuple[str, ...]] = {
-    "ad_clicks_hourly": ("impressions", "clicks"),
-    "user_activity_hourly": ("events",),
-}
-
-
-def pipeline_streams(pipeline: str) -> tuple[str, ...]:
-    """The streams of a pipeline, or a clear error listing the known pipelines."""
-    try:
-        return PIPELINE_STREAMS[pipeline]
-    except KeyError:
-        known = ", ".join(sorted(PIPELINE_STREAMS))
-        raise ConfigError(f"unknown pipeline {pipeline!r}; choose one of: {known}") from None
 
 
 @dataclass(frozen=True)
@@ -156,7 +57,8 @@ class Settings:
     landing: Path
     lake: Path
     now_override: datetime | None = None
-    streams: Mapping[str, StreamSpec] = field(default_factory=lambda: dict(DEFAULT_STREAMS))
+    # The pipelines folder (SPEC 8); its streams and pipelines are the registry.
+    pipelines_path: Path = field(default_factory=default_pipelines_path)
     # How far back (in event time, behind the watermark) record ids are remembered for dedup. This is
     # the memory bound of dedup: ids older than watermark - dedup_retention are forgotten.
     dedup_retention: timedelta = timedelta(hours=24)
@@ -171,15 +73,39 @@ class Settings:
     spark_master: str = "local[2]"
     # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
     lateness_threshold: float = 0.01
-    # pipeline -> (window size, hop); hop None = tumbling. Default: hourly tumbling windows.
+    # Overrides of the definitions' time semantics: stream -> {watermark_delay|early_tolerance|idle_timeout}
+    # and pipeline -> (window size, hop), from YAML or the environment.
+    stream_overrides: Mapping[str, Mapping[str, timedelta]] = field(default_factory=dict)
     windows: Mapping[str, tuple[timedelta, timedelta | None]] = field(default_factory=dict)
 
-    def window_for(self, pipeline: str) -> Any:
-        """The pipeline's configured WindowSpec, or None for the pipeline's default (hourly tumbling)."""
+    @property
+    def registry(self) -> Registry:
+        """The pipelines and streams of the pipelines folder (imported once per process, per folder state)."""
+        return load_registry(self.pipelines_path)
+
+    @property
+    def streams(self) -> dict[str, StreamSpec]:
+        """Every declared stream, with configuration overrides applied."""
+        out = {}
+        for name, spec in self.registry.streams.items():
+            overrides: dict[str, Any] = dict(self.stream_overrides.get(name) or {})
+            if overrides:
+                spec = replace(spec, **overrides)
+            out[name] = spec
+        return out
+
+    def pipeline(self, name: str) -> PipelineDef:
+        """The pipeline definition with any configured window; unknown names fail with the known ones."""
+        definition = self.registry.pipeline(name)
+        if name in self.windows:
+            size, hop = self.windows[name]
+            definition = replace(definition, window=WindowSpec(size, hop))
+        return definition
+
+    def window_for(self, pipeline: str) -> WindowSpec | None:
+        """The configured window of a pipeline, or None when its definition's window applies."""
         if pipeline not in self.windows:
             return None
-        from sluice.pipelines.base import WindowSpec
-
         size, hop = self.windows[pipeline]
         return WindowSpec(size, hop)
 
@@ -188,17 +114,21 @@ class Settings:
         return self.now_override or datetime.now(UTC)
 
     def stream(self, name: str) -> StreamSpec:
+        streams = self.streams
         try:
-            return self.streams[name]
+            return streams[name]
         except KeyError:
-            known = ", ".join(sorted(self.streams))
-            raise ConfigError(f"unknown stream {name!r}; choose one of: {known}") from None
+            known = ", ".join(sorted(streams)) or "none"
+            raise ConfigError(
+                f"unknown stream {name!r}; choose one of: {known} (streams are declared by the pipelines in "
+                f"{self.pipelines_path})"
+            ) from None
 
     def landing_dir(self, stream: str) -> Path:
         return self.landing / stream
 
     def table_path(self, *parts: str) -> Path:
-        """Path of a Delta table under the lake, e.g. ``table_path("bronze", "clicks")``."""
+        """Path of a Delta table under the lake, e.g. ``table_path("bronze", "readings")``."""
         return self.lake.joinpath(*parts)
 
     @property
@@ -206,7 +136,14 @@ class Settings:
         return self.lake / "_checkpoints"
 
 
+def pipeline_streams(settings: Settings, pipeline: str) -> tuple[str, ...]:
+    """The streams of a pipeline, or a clear error listing the known pipelines."""
+    return settings.pipeline(pipeline).streams
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    if path.is_dir():
+        raise ConfigError(f"SLUICE_CONFIG: {path} is a directory; point it at a YAML file")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
@@ -216,14 +153,6 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ConfigError(f"SLUICE_CONFIG: {path} must hold a mapping of keys, got {type(data).__name__}")
     return data
-
-
-def _with_duration(spec: StreamSpec, key: str, value: timedelta) -> StreamSpec:
-    if key == "watermark_delay":
-        return replace(spec, watermark_delay=value)
-    if key == "early_tolerance":
-        return replace(spec, early_tolerance=value)
-    return replace(spec, idle_timeout=value)
 
 
 _GLOBAL_KEYS = (
@@ -236,11 +165,16 @@ _GLOBAL_KEYS = (
 )
 
 
+def _env_name(name: str) -> str:
+    return name.upper().replace("-", "_")
+
+
 def load_settings(
     env: Mapping[str, str] | None = None,
     *,
     home: str | Path | None = None,
     now: str | datetime | None = None,
+    pipelines: str | Path | None = None,
 ) -> Settings:
     """Resolve settings from defaults, an optional YAML file, the environment and explicit overrides."""
     env = os.environ if env is None else env
@@ -249,32 +183,44 @@ def load_settings(
     raw: dict[str, Any] = {}
     if config_file:
         raw = _read_yaml(Path(config_file))
-    elif (home_path / "sluice.yaml").exists():
+    elif (home_path / "sluice.yaml").is_file():
         raw = _read_yaml(home_path / "sluice.yaml")
 
-    top_keys = {*_GLOBAL_KEYS, "streams", "pipelines", "landing", "lake", "now"}
+    top_keys = {*_GLOBAL_KEYS, "streams", "pipelines", "landing", "lake", "now", "pipelines_path"}
     unknown = set(raw) - top_keys
     if unknown:
         allowed = ", ".join(sorted(top_keys))
         raise ConfigError(f"config: unknown key(s) {sorted(unknown)}; allowed keys: {allowed}")
 
-    streams = dict(DEFAULT_STREAMS)
+    pipelines_value = pipelines or env.get("SLUICE_PIPELINES") or raw.get("pipelines_path")
+    if pipelines_value is not None and not isinstance(pipelines_value, str | Path):
+        raise ConfigError(f"pipelines_path: {pipelines_value!r} must be a folder path")
+    pipelines_path = Path(pipelines_value).absolute() if pipelines_value else default_pipelines_path()
+    registry = load_registry(pipelines_path)
+    declared_streams = set(registry.streams)
+
+    overrides: dict[str, dict[str, timedelta]] = {}
     yaml_streams = raw.get("streams") or {}
     if not isinstance(yaml_streams, dict):
-        raise ConfigError("streams: must be a mapping of stream name to settings")
-    for name, overrides in yaml_streams.items():
-        if name not in streams:
-            raise ConfigError(f"streams.{name}: unknown stream; choose one of: {', '.join(streams)}")
-        bad = set(overrides or {}) - set(STREAM_KEYS)
+        raise ConfigError(
+            "streams: must be a mapping of stream name to settings, e.g. {my_stream: {watermark_delay: 15m}}"
+        )
+    for name, stream_values in yaml_streams.items():
+        if name not in declared_streams:
+            raise ConfigError(f"streams.{name}: unknown stream; choose one of: {', '.join(sorted(declared_streams))}")
+        if stream_values is not None and not isinstance(stream_values, dict):
+            raise ConfigError(f"streams.{name}: must be a mapping of settings ({', '.join(STREAM_KEYS)}), "
+                              f"got {stream_values!r}")
+        bad = set(stream_values or {}) - set(STREAM_KEYS)
         if bad:
             raise ConfigError(f"streams.{name}: unknown key(s) {sorted(bad)}; allowed: {', '.join(STREAM_KEYS)}")
-        for key, value in (overrides or {}).items():
-            streams[name] = _with_duration(streams[name], key, parse_duration(value, f"streams.{name}.{key}"))
-    for name in list(streams):
+        for key, value in (stream_values or {}).items():
+            overrides.setdefault(name, {})[key] = parse_duration(value, f"streams.{name}.{key}")
+    for name in sorted(declared_streams):
         for key in STREAM_KEYS:
-            env_key = f"SLUICE_{name.upper()}_{key.upper()}"
+            env_key = f"SLUICE_{_env_name(name)}_{key.upper()}"
             if env_key in env:
-                streams[name] = _with_duration(streams[name], key, parse_duration(env[env_key], env_key))
+                overrides.setdefault(name, {})[key] = parse_duration(env[env_key], env_key)
 
     values: dict[str, Any] = {k: raw[k] for k in _GLOBAL_KEYS if k in raw}
     for key in _GLOBAL_KEYS:
@@ -291,7 +237,7 @@ def load_settings(
     if "lateness_threshold" in values:
         try:
             threshold = float(values["lateness_threshold"])
-        except ValueError:
+        except (TypeError, ValueError):
             threshold = -1.0
         if not 0.0 <= threshold <= 1.0:
             raise ConfigError(
@@ -305,30 +251,52 @@ def load_settings(
     yaml_pipelines = raw.get("pipelines") or {}
     if not isinstance(yaml_pipelines, dict):
         raise ConfigError("pipelines: must be a mapping of pipeline name to settings")
-    for pipeline in PIPELINE_STREAMS:
-        conf = (yaml_pipelines.get(pipeline) or {}).get("window") or {}
-        prefix = f"SLUICE_{pipeline.upper()}_WINDOW_"
-        size = env.get(prefix + "SIZE", conf.get("size"))
-        hop = env.get(prefix + "HOP", conf.get("hop"))
+    unknown_pipelines = set(yaml_pipelines) - set(registry.pipelines)
+    if unknown_pipelines:
+        raise ConfigError(f"pipelines: unknown {sorted(unknown_pipelines)}; "
+                          f"choose from {', '.join(sorted(registry.pipelines))}")
+    for pipeline in sorted(registry.pipelines):
+        conf = yaml_pipelines.get(pipeline) or {}
+        if not isinstance(conf, dict):
+            raise ConfigError(f"pipelines.{pipeline}: must be a mapping such as {{window: {{size: 1h}}}}")
+        window_conf = conf.get("window") or {}
+        if not isinstance(window_conf, dict):
+            raise ConfigError(f"pipelines.{pipeline}.window: must be a mapping with size and/or hop")
+        prefix = f"SLUICE_{_env_name(pipeline)}_WINDOW_"
+        size = env.get(prefix + "SIZE", window_conf.get("size"))
+        hop = env.get(prefix + "HOP", window_conf.get("hop"))
         if size is not None or hop is not None:
-            size_td = parse_duration(size or "1h", f"pipelines.{pipeline}.window.size")
+            default_size = registry.pipelines[pipeline].window.size
+            size_td = parse_duration(size, f"pipelines.{pipeline}.window.size") if size else default_size
             hop_td = parse_duration(hop, f"pipelines.{pipeline}.window.hop") if hop else None
             if size_td <= timedelta(0) or (hop_td is not None and hop_td <= timedelta(0)):
                 raise ConfigError(f"pipelines.{pipeline}.window: size and hop must be > 0")
             windows[pipeline] = (size_td, hop_td)
-    unknown_pipelines = set(yaml_pipelines) - set(PIPELINE_STREAMS)
-    if unknown_pipelines:
-        raise ConfigError(f"pipelines: unknown {sorted(unknown_pipelines)}; choose from {', '.join(PIPELINE_STREAMS)}")
 
     now_value = now if now is not None else env.get("SLUICE_NOW") or raw.get("now")
     landing = env.get("SLUICE_LANDING") or raw.get("landing") or home_path / "landing"
     lake = env.get("SLUICE_LAKE") or raw.get("lake") or home_path / "lake"
+    for key, value in (("landing", landing), ("lake", lake)):
+        if not isinstance(value, str | Path):
+            raise ConfigError(f"{key}: {value!r} must be a path")
     return Settings(
         home=home_path,
         landing=Path(landing).absolute(),
         lake=Path(lake).absolute(),
         now_override=parse_timestamp(now_value, "SLUICE_NOW") if now_value else None,
-        streams=streams,
+        pipelines_path=pipelines_path,
+        stream_overrides=overrides,
         windows=windows,
         **typed,
     )
+
+
+__all__ = [
+    "ConfigError",
+    "Settings",
+    "StreamSpec",
+    "load_settings",
+    "parse_duration",
+    "parse_timestamp",
+    "pipeline_streams",
+]

@@ -12,12 +12,11 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 
 from sluice.aggregate import AggregateResult, run_pipeline
-from sluice.config import Settings, pipeline_streams
+from sluice.config import Settings
 from sluice.delta.engine import get_engine
 from sluice.dq import warm_up
 from sluice.ingest import BatchRow, run_ingest
 from sluice.locks import pipeline_lock
-from sluice.pipelines import get_pipeline
 from sluice.quality import QualityChecker, QualityReport
 from sluice.report import accounting_table
 from sluice.spark import get_spark
@@ -69,12 +68,12 @@ def run_cycle(
 ) -> CycleResult:
     """Ingest the pipeline's streams, aggregate closed windows, validate them. ``check_quality=False``
     leaves the validation to a separate step (the Airflow DAG runs it as its own task)."""
-    streams = pipeline_streams(pipeline)  # fails fast on an unknown pipeline, before any JVM starts
+    definition = settings.pipeline(pipeline)  # fails fast on an unknown pipeline, before any JVM starts
+    streams = definition.streams
     started = time.monotonic()
     spark = spark or get_spark(settings, f"sluice-{pipeline}")
     engine = get_engine(spark)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
-    definition = get_pipeline(pipeline, settings.window_for(pipeline))
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows):
@@ -98,7 +97,7 @@ def run_quality(
     settings: Settings, pipeline: str, spark: SparkSession | None = None, *, deliver_alerts: bool = True
 ) -> QualityReport:
     """The DQ step on its own (the DAG's check_quality task): every window closed but not yet validated."""
-    definition = get_pipeline(pipeline, settings.window_for(pipeline))
+    definition = settings.pipeline(pipeline)
     spark = spark or get_spark(settings, f"sluice-dq-{pipeline}")
     with pipeline_lock(settings, pipeline, purpose="data quality"):
         return QualityChecker(spark, settings, get_engine(spark), definition).check(deliver=deliver_alerts)

@@ -6,9 +6,10 @@ well under a second once the GE context exists.
 
 Two small frames are validated per window, each by its own suite:
 
-* ``<pipeline>.window_totals`` - one row of window-level numbers: completeness and lateness;
-* ``<pipeline>.gold_rows``     - the window's gold rows: validity (no null keys, ``0 <= ctr <= 1``,
-  counts >= 0, one-hour windows).
+* ``<pipeline>.window_totals`` - one row of window-level numbers: the declared completeness checks and
+  lateness;
+* ``<output>.gold_rows``       - per output, the window's gold rows: no null keys, windows exactly one
+  window long, and the output's declared ``between`` / ``not_null`` checks.
 
 They cannot share one batch: GE validates one dataframe per validation, and the totals must be checked
 even when the window has no gold rows at all.  Every GE expectation carries a ``sluice_outcome`` name in
@@ -26,6 +27,7 @@ from __future__ import annotations
 import importlib
 import logging
 import math
+import re
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,6 +37,8 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlparse
 
 import pandas as pd
+
+from sluice.checks import Check
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
     from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
@@ -59,14 +63,24 @@ _SAMPLE = 3  # offending values quoted in an observed value; GE's own page lists
 
 COMPLETENESS_PREFIX = "completeness:"
 NO_NULL_KEYS = "validity:no_null_keys"
-CTR_IN_RANGE = "validity:ctr_between_0_and_1"
-COUNTS_NON_NEGATIVE = "validity:counts_non_negative"
 LATENESS = "lateness:dlq_share_within_threshold"
 
 
 def window_length_outcome(window_seconds: int) -> str:
     """The name of the window-length check: ``validity:window_is_one_hour`` for the SPEC's hour."""
     return "validity:window_is_one_hour" if window_seconds == 3600 else f"validity:window_is_{window_seconds}s"
+
+
+@dataclass(frozen=True)
+class OutputFrame:
+    """The gold rows of one output for one window, with what to check on them. ``prefix`` qualifies the
+    outcome names of an output that is not the pipeline's own (``<output>:validity:...``)."""
+
+    name: str
+    gold: pd.DataFrame
+    keys: tuple[str, ...]
+    checks: Sequence[Check] = ()
+    prefix: str = ""
 
 
 @dataclass(frozen=True)
@@ -162,32 +176,30 @@ class WindowValidator:
         pipeline: str,
         window_start: datetime,
         window_end: datetime,
-        gold: pd.DataFrame,
         *,
-        key: str,
-        count_columns: Sequence[str],
+        outputs: Sequence[OutputFrame],
         completeness: Mapping[str, tuple[int, int]],
         late_rows: int,
         total_rows: int,
     ) -> WindowValidation:
-        """Validate one closed window; see the module docstring for what is checked and how."""
+        """Validate one closed window of every output; see the module docstring for what is checked."""
         from great_expectations.core.run_identifier import RunIdentifier
 
-        counts = list(dict.fromkeys(count_columns))  # a column named twice is checked once
-        frame = _gold_frame(gold, key=key, count_columns=counts)
         totals = _totals_frame(completeness, late_rows=late_rows, total_rows=total_rows)
-        # One run per window: both results sit together under this run name in the Data Docs index. The
-        # run time is the wall clock so that a reprocessed window keeps its earlier results as history.
+        # One run per window: every result sits together under this run name in the Data Docs index.
         run_id = RunIdentifier(
             run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time or datetime.now(UTC)
         )
-
-        totals_suite = self._totals_suite(pipeline, list(completeness), completeness)
-        gold_suite = self._gold_suite(pipeline, key, counts, has_ctr="ctr" in frame.columns,
-                                      has_impressions="impressions" in frame.columns)
+        suites: list[tuple[_Registered, pd.DataFrame, str]] = [
+            (self._totals_suite(pipeline, list(completeness)), totals, _TOTALS_ASSET)
+        ]
+        for out in outputs:
+            columns = [c.column for c in out.checks]  # type: ignore[attr-defined]
+            frame = _gold_frame(out.gold, keys=out.keys, columns=columns)
+            suites.append((self._gold_suite(out), frame, _GOLD_ASSET))
         outcomes: list[ExpectationOutcome] = []
         pages: list[tuple[bool, ValidationResultIdentifier]] = []
-        for registered, data, asset in ((totals_suite, totals, _TOTALS_ASSET), (gold_suite, frame, _GOLD_ASSET)):
+        for registered, data, asset in suites:
             result = self._run(registered, data, run_id)
             outcomes.extend(_fold(result, data, registered.formatters))
             pages.append((bool(result.success), self._result_id(registered.suite_name, run_id, asset)))
@@ -204,7 +216,7 @@ class WindowValidator:
             return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id)
         except ResourceFreshnessAggregateError:
             # Another process rewrote the shared suite file with a different signature (e.g. a window
-            # whose gold frame had no ctr column): write ours back and run again.
+            # whose gold frame lacked a column): write ours back and run again.
             log.info("suite %s changed on disk; re-registering it", registered.suite_name)
             # (add_or_update on the definition saves its suite too.)
             registered.validation = self._context.validation_definitions.add_or_update(registered.validation)
@@ -215,9 +227,7 @@ class WindowValidator:
 
     # ------------------------------------------------------------------ suites
 
-    def _totals_suite(
-        self, pipeline: str, names: list[str], completeness: Mapping[str, tuple[int, int]]
-    ) -> _Registered:
+    def _totals_suite(self, pipeline: str, names: list[str]) -> _Registered:
         import great_expectations as gx
 
         signature: tuple[object, ...] = (tuple(names), self.lateness_threshold)
@@ -227,10 +237,9 @@ class WindowValidator:
             return known
         expectations: list[Expectation] = []
         formatters: dict[str, _Formatter] = {}
-        for stream in names:
-            outcome = f"{COMPLETENESS_PREFIX}{stream}"
+        for outcome, label in _labels(names).items():
             expectations.append(gx.expectations.ExpectColumnPairValuesToBeEqual(
-                column_A=f"{stream}_gold_total", column_B=f"{stream}_bronze_count", meta={_OUTCOME_META: outcome},
+                column_A=f"{label}_gold_total", column_B=f"{label}_bronze_count", meta={_OUTCOME_META: outcome},
             ))
             formatters[outcome] = _format_completeness
         expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
@@ -243,48 +252,44 @@ class WindowValidator:
         ]
         return self._register(name, signature, self._totals_batch, expectations, formatters, notes)
 
-    def _gold_suite(
-        self, pipeline: str, key: str, counts: list[str], *, has_ctr: bool, has_impressions: bool
-    ) -> _Registered:
+    def _gold_suite(self, out: OutputFrame) -> _Registered:
         import great_expectations as gx
-        from great_expectations.expectations.row_conditions import Column
 
-        signature: tuple[object, ...] = (key, tuple(counts), has_ctr, has_impressions, self.window_seconds)
-        name = f"{pipeline}.{_GOLD_ASSET}"
+        from sluice.checks import Between, NotNull
+
+        signature: tuple[object, ...] = (out.keys, tuple(out.checks), out.prefix, self.window_seconds)
+        name = f"{out.name}.{_GOLD_ASSET}"
         known = self._registered.get(name)
         if known and known.signature == signature:
             return known
         ex = gx.expectations
+        no_nulls = out.prefix + NO_NULL_KEYS
         expectations: list[Expectation] = [
-            ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: NO_NULL_KEYS})
-            for column in (key, "window_start", "window_end")
+            ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: no_nulls})
+            for column in (*out.keys, "window_start", "window_end")
         ]
-        formatters: dict[str, _Formatter] = {NO_NULL_KEYS: _format_nulls}
-        if has_ctr:
-            expectations.append(ex.ExpectColumnValuesToBeBetween(
-                column="ctr", min_value=0, max_value=1, meta={_OUTCOME_META: CTR_IN_RANGE},
-            ))
-            if has_impressions:
-                # ctr is clicks / impressions: null is right only when there were no impressions.
-                expectations.append(ex.ExpectColumnValuesToNotBeNull(
-                    column="ctr", row_condition=Column("impressions") > 0, meta={_OUTCOME_META: CTR_IN_RANGE},
+        formatters: dict[str, _Formatter] = {no_nulls: _format_nulls}
+        for check in out.checks:
+            outcome = out.prefix + check.name
+            if isinstance(check, Between):
+                expectations.append(ex.ExpectColumnValuesToBeBetween(
+                    column=check.column, min_value=check.low, max_value=check.high, meta={_OUTCOME_META: outcome},
                 ))
-            formatters[CTR_IN_RANGE] = _format_ctr
-        for column in counts:
-            expectations.append(ex.ExpectColumnValuesToBeBetween(
-                column=column, min_value=0, meta={_OUTCOME_META: COUNTS_NON_NEGATIVE},
-            ))
-        if counts:
-            formatters[COUNTS_NON_NEGATIVE] = _format_negatives
-        length = window_length_outcome(self.window_seconds)
+                formatters[outcome] = _format_between
+            elif isinstance(check, NotNull):
+                expectations.append(
+                    ex.ExpectColumnValuesToNotBeNull(column=check.column, meta={_OUTCOME_META: outcome})
+                )
+                formatters[outcome] = _format_nulls
+        length = out.prefix + window_length_outcome(self.window_seconds)
         expectations.append(ex.ExpectColumnValuesToBeBetween(
             column=_WINDOW_SECONDS_COLUMN, min_value=self.window_seconds, max_value=self.window_seconds,
             meta={_OUTCOME_META: length},
         ))
         formatters[length] = _format_window_length(self.window_seconds)
         notes = [
-            "SPEC 5 validity on the window's gold rows: no null keys, 0 <= ctr <= 1 (null only without"
-            " impressions), counts >= 0, and window_end - window_start equal to one window.",
+            f"Validity of the window's rows of gold/{out.name}: no null keys, the declared checks, and "
+            "window_end - window_start equal to one window.",
             f"`{_WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
         ]
         return self._register(name, signature, self._gold_batch, expectations, formatters, notes)
@@ -414,15 +419,13 @@ def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
 
 
-def _gold_frame(gold: pd.DataFrame, *, key: str, count_columns: Sequence[str]) -> pd.DataFrame:
+def _gold_frame(gold: pd.DataFrame, *, keys: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
     """The columns the gold suite reads, plus the derived window length in seconds.
 
     A column missing from a non-empty frame is left missing, so its expectations fail with GE's
     "column does not exist"; an empty frame gets the columns it lacks, so zero rows validate cleanly.
     """
-    wanted = [key, "window_start", "window_end", *count_columns]
-    wanted += [c for c in ("ctr", "impressions") if c in gold.columns and c not in wanted]
-    wanted = list(dict.fromkeys(wanted))
+    wanted = list(dict.fromkeys([*keys, "window_start", "window_end", *columns]))
     if gold.empty:
         frame = gold.reindex(columns=wanted).reset_index(drop=True)
     else:
@@ -434,11 +437,24 @@ def _gold_frame(gold: pd.DataFrame, *, key: str, count_columns: Sequence[str]) -
     return frame
 
 
+def _labels(outcomes: Sequence[str]) -> dict[str, str]:
+    """Column-name-safe, distinct labels for completeness outcomes (``completeness:readings`` -> ``readings``,
+    ``out:completeness:n`` -> ``out_n``)."""
+    labels: dict[str, str] = {}
+    for outcome in outcomes:
+        label = re.sub(r"\W", "_", outcome.replace(COMPLETENESS_PREFIX, ""))
+        while label in labels.values():
+            label += "_"
+        labels[outcome] = label
+    return labels
+
+
 def _totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int, total_rows: int) -> pd.DataFrame:
     row: dict[str, int | float] = {}
-    for stream, (gold_total, bronze_count) in completeness.items():
-        row[f"{stream}_gold_total"] = int(gold_total)
-        row[f"{stream}_bronze_count"] = int(bronze_count)
+    labels = _labels(list(completeness))
+    for outcome, (gold_total, bronze_count) in completeness.items():
+        row[f"{labels[outcome]}_gold_total"] = int(gold_total)
+        row[f"{labels[outcome]}_bronze_count"] = int(bronze_count)
     row["late_rows"] = int(late_rows)
     row["total_rows"] = int(total_rows)
     row[_DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
@@ -458,13 +474,27 @@ def _fold(
         name = (meta or {}).get(_OUTCOME_META)
         if name:
             grouped.setdefault(str(name), []).append(part)
+    # In the suite's declared order (formatters are registered in that order): GE lists results grouped by
+    # column, errors first, which would make the order of ops/dq_results depend on the data.
+    order = {name: i for i, name in enumerate(formatters)}
     outcomes = []
-    for name, parts in grouped.items():
+    for name, parts in sorted(grouped.items(), key=lambda item: order.get(item[0], len(order))):
         success = all(bool(p.success) for p in parts)
         errors = [e for p in parts if (e := _error(p))]
-        observed = "error: " + "; ".join(dict.fromkeys(errors)) if errors else formatters[name](parts, data)
+        kinds = {_kind(p) for p in parts}
+        if errors:
+            observed = "error: " + "; ".join(dict.fromkeys(errors))
+        elif len(kinds) > 1 and kinds <= set(_BY_KIND):
+            # Checks of different kinds declared under one name: each kind reports its own parts.
+            observed = "; ".join(_BY_KIND[k]([p for p in parts if _kind(p) == k], data) for k in sorted(kinds))
+        else:
+            observed = formatters[name](parts, data)
         outcomes.append(ExpectationOutcome(name, observed, success))
     return outcomes
+
+
+def _kind(part: ExpectationValidationResult) -> str:
+    return str(part.expectation_config.type) if part.expectation_config else ""
 
 
 def _error(part: ExpectationValidationResult) -> str | None:
@@ -528,19 +558,21 @@ def _format_nulls(parts: list[ExpectationValidationResult], data: pd.DataFrame) 
     return f"{total} null{'' if total == 1 else 's'}" + (f" ({detail})" if detail else "")
 
 
-def _format_ctr(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    out_of_range, values = _unexpected(parts[0])
-    text = f"{out_of_range} outside [0, 1]" + (f" ({_sample(values)})" if values else "")
-    if len(parts) > 1:
-        text += f"; {_unexpected(parts[1])[0]} null with impressions > 0"
-    return text
+def _bounds(part: ExpectationValidationResult) -> str:
+    kwargs = part.expectation_config.kwargs if part.expectation_config else {}
+    low, high = kwargs.get("min_value"), kwargs.get("max_value")
+    return f"[{'-inf' if low is None else _num(low)}, {'inf' if high is None else _num(high)}]"
 
 
-def _format_negatives(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    found = [(_column(p), *_unexpected(p)) for p in parts]
-    total = sum(n for _, n, _ in found)
-    detail = ", ".join(f"{c}: {_sample(v)}" for c, n, v in found if n)
-    return f"{total} negative" + (f" ({detail})" if detail else "")
+def _format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    found = [(_column(p), _bounds(p), *_unexpected(p)) for p in parts]
+    total = sum(n for _, _, n, _ in found)
+    if len({b for _, b, _, _ in found}) == 1:
+        detail = ", ".join(f"{c}: {_sample(v)}" for c, _b, n, v in found if n)
+        return f"{total} outside {found[0][1]}" + (f" ({detail})" if detail else "")
+    # Checks folded under one name with different bounds: each part says which bounds it broke.
+    detail = ", ".join(f"{c}: {_sample(v)} outside {b}" for c, b, n, v in found if n)
+    return f"{total} outside their bounds" + (f" ({detail})" if detail else "")
 
 
 def _format_window_length(window_seconds: int) -> _Formatter:
@@ -550,6 +582,12 @@ def _format_window_length(window_seconds: int) -> _Formatter:
         return f"{wrong} of {rows} rows != {window_seconds}s" + (f" ({_sample(values)})" if values else "")
 
     return fmt
+
+
+_BY_KIND: dict[str, _Formatter] = {
+    "expect_column_values_to_be_between": lambda parts, data: _format_between(parts, data),
+    "expect_column_values_to_not_be_null": lambda parts, data: _format_nulls(parts, data),
+}
 
 
 def warm_up() -> None:

@@ -11,7 +11,8 @@ files were grouped into triggers, and every file gets its own row in ``ops/inges
 
 Every line ends up in exactly one place:
 
-* ``quarantine`` with a reason (``malformed_json``, ``missing_field``, ``bad_timestamp``, ``early``),
+* ``quarantine`` with a reason (``malformed_json``, ``missing_field``, ``bad_timestamp``, ``bad_type``,
+  ``early``),
 * the duplicate count (an id already accepted or dead-lettered, or an earlier copy in the same batch),
 * ``dlq`` with the watermark it missed (``event_time < watermark``),
 * ``bronze`` (accepted).
@@ -37,13 +38,14 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 from sluice import tables
-from sluice.config import Settings, StreamSpec
+from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine, read_small_table
+from sluice.model import EVENT_TIME, StreamSpec
 from sluice.spark import collected_utc
 from sluice.tables import HEARTBEAT_PREFIX
 
@@ -138,7 +140,7 @@ def _max(a: datetime | None, b: datetime | None) -> datetime | None:
 def parse_lines(spec: StreamSpec) -> Any:
     """Parse ``raw`` JSON into the stream's fields (all as strings first) and flag malformed lines."""
     json_schema = StructType(
-        [StructField(f, StringType(), True) for f in spec.fields]
+        [StructField(spec.json_name(f), StringType(), True) for f in spec.fields]
         + [StructField("_corrupt_record", StringType(), True)]
     )
 
@@ -152,27 +154,64 @@ def parse_lines(spec: StreamSpec) -> Any:
         malformed = F.col("_json").isNull() | F.col("_json._corrupt_record").isNotNull()
         return df.select(
             "*",
-            *[F.col(f"_json.{f}").alias(f"_s_{f}") for f in spec.fields],
+            *[F.col(f"_json.`{spec.json_name(f)}`").alias(f"_s_{f}") for f in spec.fields],
             malformed.alias("_malformed"),
         ).drop("_json")
 
     return transform
 
 
+def _rfc3339(text: Column) -> Column:
+    """An RFC 3339 timestamp, or null. Spark's cast alone would accept zoneless strings (session zone)."""
+    # RFC 3339 allows a lower-case "t" and "z"; Spark's parser does not.
+    return F.when(text.rlike(RFC3339), F.try_to_timestamp(F.upper(text)))
+
+
+def typed_value(spec: StreamSpec, field_name: str) -> Column:
+    """The declared type's value of a field parsed as text, or null when the text cannot hold it."""
+    raw = F.col(f"_s_{field_name}")
+    kind = spec.type_of(field_name)
+    if kind == "string":
+        return raw
+    if kind == "timestamp":
+        return _rfc3339(F.trim(raw))
+    if kind == "boolean":
+        # JSON booleans only; Spark's cast would also read 'yes', 't' or '1' as true.
+        return F.when(raw == "true", F.lit(True)).when(raw == "false", F.lit(False))
+    return raw.try_cast(kind)
+
+
 def classify_invalid(spec: StreamSpec) -> Any:
-    """Assign quarantine reasons (malformed_json, missing_field, bad_timestamp, early), in that order."""
+    """Assign quarantine reasons (malformed_json, missing_field, bad_timestamp, bad_type, early), in that
+    order, and the typed value of every field (``_v_<field>``)."""
 
     def transform(df: DataFrame) -> DataFrame:
         missing = [F.when(F.trim(F.col(f"_s_{f}")) == "", None).otherwise(F.col(f"_s_{f}")).isNull()
                    for f in spec.required]
         missing_names = F.concat_ws(
-            ",", *[F.when(m, F.lit(f)) for m, f in zip(missing, spec.required, strict=True)]
+            ",", *[F.when(m, F.lit(spec.json_name(f))) for m, f in zip(missing, spec.required, strict=True)]
         )
-        raw_ts = F.trim(F.col("_s_event_time"))
-        event_time = F.when(raw_ts.rlike(RFC3339), F.try_to_timestamp(raw_ts))
+        raw_ts = F.trim(F.col(f"_s_{EVENT_TIME}"))
+        event_time = _rfc3339(raw_ts)
         any_missing = F.lit(False)
         for m in missing:
             any_missing = any_missing | m
+        # Fields other than event_time whose text the declared type cannot hold.
+        typed = [f for f in spec.fields if f != EVENT_TIME and spec.type_of(f) != "string"]
+        wrong = [(f, F.col(f"_s_{f}").isNotNull() & F.col(f"_v_{f}").isNull()) for f in typed]
+        bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
+        bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
+
+        def first(problems: list[tuple[str, Column]], label: str) -> Column:
+            out = F.lit(None).cast("string")
+            for f, w in reversed(problems):
+                text = F.concat(F.lit(f"{spec.json_name(f)}: "), F.coalesce(F.col(f"_s_{f}"), F.lit("<null>")),
+                                F.lit(f" is not a {label or spec.type_of(f)}"))
+                out = F.when(w, text).otherwise(out)
+            return out
+
+        any_of = lambda problems: F.lit(False) if not problems else F.greatest(  # noqa: E731
+            *[w for _f, w in problems], F.lit(False))
         early_bound = F.col("arrival_time") + F.expr(
             f"make_dt_interval(0, 0, 0, {spec.early_tolerance.total_seconds()})"
         )
@@ -180,18 +219,26 @@ def classify_invalid(spec: StreamSpec) -> Any:
             F.when(F.col("_malformed"), "malformed_json")
             .when(any_missing, "missing_field")
             .when(event_time.isNull(), "bad_timestamp")
+            .when(any_of(bad_ts), "bad_timestamp")
+            .when(any_of(bad_type), "bad_type")
             .when(event_time > early_bound, "early")
         )
         detail = (
             F.when(F.col("_malformed"), None)
             .when(any_missing, F.concat(F.lit("missing: "), missing_names))
-            .when(event_time.isNull(), F.concat(F.lit("event_time: "), F.coalesce(raw_ts, F.lit("<null>"))))
+            .when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
+                                                F.coalesce(raw_ts, F.lit("<null>"))))
+            .when(any_of(bad_ts), first(bad_ts, "RFC 3339 timestamp"))
+            .when(any_of(bad_type), first(bad_type, ""))
             .when(event_time > early_bound, F.concat(F.lit("arrival_time + "),
                                                      F.lit(str(spec.early_tolerance)), F.lit(" exceeded")))
         )
         return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
 
-    return transform
+    def with_values(df: DataFrame) -> DataFrame:
+        return df.select("*", *[typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME])
+
+    return lambda df: transform(with_values(df))
 
 
 def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
@@ -440,8 +487,7 @@ class StreamIngest:
             self._ops_rows(rows), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=appid, version=last_id, metadata=meta,
         )
-        payload = [F.col(f"_s_{f}").alias(f) if f != "event_time" else F.col("event_time")
-                   for f in spec.fields]
+        payload = [F.col(f"_v_{f}").alias(f) if f != EVENT_TIME else F.col(EVENT_TIME) for f in spec.fields]
         lineage = [F.col("arrival_time"), F.col("source_file"), F.col("_file_seq").alias("ingest_batch_id")]
         accepted = final.filter(F.col("_status") == "accepted").select(
             *payload, *lineage, F.lit(False).alias("is_heartbeat"),
@@ -490,9 +536,9 @@ class StreamIngest:
         keep = F.col("ingest_batch_id") < first_id
         if horizon is not None:
             keep = keep & (F.col("event_time") >= F.lit(horizon))
-        return bronze.filter(keep & ~F.col("is_heartbeat")).select(F.col(id_field).alias("id")).unionByName(
-            dlq.filter(keep).select(F.col(id_field).alias("id"))
-        )
+        # Ids are compared as the text they were parsed from (bronze holds the declared type).
+        ids = F.col(id_field).cast("string").alias("id")
+        return bronze.filter(keep & ~F.col("is_heartbeat")).select(ids).unionByName(dlq.filter(keep).select(ids))
 
     # -- heartbeats ---------------------------------------------------------------------------------
     def maybe_heartbeat(self) -> None:
@@ -546,12 +592,14 @@ class StreamIngest:
         spec = self.spec
         assert row.max_event_time is not None
         values: dict[str, Any] = {f: None for f in spec.fields}
-        # Non-null sentinel keys, distinct per stream and batch: a heartbeat must survive the not-null
-        # filters a join infers on its keys (or it would never move the join's watermark), yet never
-        # match a real record or another stream's heartbeat, and never look like a duplicate.
+        # A heartbeat only moves the stream's watermark; user code never sees it (the pipeline inputs drop
+        # is_heartbeat rows). String keys still carry a sentinel, distinct per stream and batch, so that a
+        # heartbeat row read by any other tool can never be taken for a real record.
         for f in spec.required:
-            values[f] = f"{HEARTBEAT_PREFIX}:{spec.name}"
-        values[spec.id_field] = f"{HEARTBEAT_PREFIX}:{spec.name}:{row.batch_id}"
+            if spec.type_of(f) == "string":
+                values[f] = f"{HEARTBEAT_PREFIX}:{spec.name}"
+        if spec.type_of(spec.id_field) == "string":
+            values[spec.id_field] = f"{HEARTBEAT_PREFIX}:{spec.name}:{row.batch_id}"
         values["event_time"] = row.max_event_time
         record = (
             *values.values(), self.settings.now(), None, row.batch_id, True,
@@ -580,8 +628,18 @@ class StreamIngest:
 def run_ingest(
     spark: SparkSession, settings: Settings, engine: DeltaEngine, streams: Sequence[str]
 ) -> dict[str, list[BatchRow]]:
-    """Ingest each stream once (availableNow) and return the batches committed in this cycle."""
-    return {name: StreamIngest(spark, settings, engine, settings.stream(name)).run() for name in streams}
+    """Ingest each stream once (availableNow) and return the batches committed in this cycle. Each stream
+    is ingested under its own lock: a stream shared by several pipelines is never ingested by two
+    processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
+    pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record)."""
+    from sluice.locks import stream_lock
+
+    out = {}
+    for name in streams:
+        spec = settings.stream(name)
+        with stream_lock(settings, name, purpose=f"ingest now={settings.now().isoformat()}"):
+            out[name] = StreamIngest(spark, settings, engine, spec).run()
+    return out
 
 
 def summary(settings: Settings, streams: Sequence[str]) -> dict[str, dict[str, Any]]:

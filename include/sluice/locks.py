@@ -1,8 +1,14 @@
-"""Mutual exclusion per pipeline: a scheduled cycle and a backfill of the same pipeline never write at once.
+"""Mutual exclusion, per pipeline and per stream.
 
-An exclusive ``flock`` on ``$SLUICE_HOME/locks/<pipeline>.lock``, taken by the shared code path that both
-the CLI and the Airflow tasks run, so it holds whichever launched the work. The kernel releases it when the
-holder dies (even on SIGKILL), so a crashed run never leaves a stale lock behind.
+* ``pipeline_lock``: a scheduled cycle and a backfill of the same pipeline never write at once
+  (``$SLUICE_HOME/locks/<pipeline>.lock``).
+* ``stream_lock``: a stream read by several pipelines is never ingested by two processes at once
+  (``$SLUICE_HOME/locks/streams/<stream>.lock``), whichever pipelines' cycles (or ``sluice ingest``) run.
+
+Exclusive ``flock`` locks taken by the shared code path that both the CLI and the Airflow tasks run, so they
+hold whichever launched the work. The kernel releases them when the holder dies (even on SIGKILL), so a
+crashed run never leaves a stale lock behind. Order: a pipeline lock, then one stream lock at a time, so
+two holders can never wait for each other.
 """
 
 from __future__ import annotations
@@ -12,7 +18,8 @@ import logging
 import os
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from pathlib import Path
 
 from sluice.config import Settings
 
@@ -23,11 +30,22 @@ class LockTimeout(RuntimeError):
     pass
 
 
+def pipeline_lock(
+    settings: Settings, pipeline: str, *, timeout: float = 3600.0, purpose: str = ""
+) -> AbstractContextManager[None]:
+    return _flock(settings.home / "locks" / f"{pipeline}.lock", pipeline, "pipeline", timeout, purpose)
+
+
+def stream_lock(
+    settings: Settings, stream: str, *, timeout: float = 3600.0, purpose: str = ""
+) -> AbstractContextManager[None]:
+    return _flock(settings.home / "locks" / "streams" / f"{stream}.lock", stream, "stream", timeout, purpose)
+
+
 @contextmanager
-def pipeline_lock(settings: Settings, pipeline: str, *, timeout: float = 3600.0, purpose: str = "") -> Iterator[None]:
-    folder = settings.home / "locks"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{pipeline}.lock"
+def _flock(path: Path, name: str, kind: str, timeout: float, purpose: str) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pipeline = name
     with open(path, "a+") as handle:
         deadline = time.monotonic() + timeout
         waited = False
@@ -39,7 +57,7 @@ def pipeline_lock(settings: Settings, pipeline: str, *, timeout: float = 3600.0,
                 if not waited:
                     handle.seek(0)
                     holder = handle.read().strip() or "another run"
-                    log.info("%s: waiting for the pipeline lock held by %s", pipeline, holder)
+                    log.info("%s: waiting for the %s lock held by %s", pipeline, kind, holder)
                     waited = True
                 if time.monotonic() > deadline:
                     raise LockTimeout(

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from sluice.config import PIPELINE_STREAMS, ConfigError, Settings
+from sluice.config import ConfigError, Settings
 from sluice.locks import pipeline_lock
 
 log = logging.getLogger("sluice.maintenance")
@@ -47,7 +47,7 @@ def delta_tables(settings: Settings) -> Iterator[Path]:
 
 def _all_locks(settings: Settings) -> ExitStack:
     stack = ExitStack()
-    for pipeline in PIPELINE_STREAMS:
+    for pipeline in sorted(settings.registry.pipelines):
         stack.enter_context(pipeline_lock(settings, pipeline, purpose="maintenance"))
     return stack
 

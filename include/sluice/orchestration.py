@@ -1,9 +1,12 @@
-"""Airflow glue shared by the DAG files, which only wire tasks. Nothing here runs at DAG parse time.
+"""Airflow glue shared by the DAG files, which only wire tasks. Nothing here starts Spark or reads data
+at DAG parse time; the DAG factory reads only the pipeline definitions (the registry).
 
+* :func:`pipeline_dags`: one DAG per registered pipeline (dag_id = pipeline name, its schedule, one Asset
+  per gold table, retries, ``max_active_runs=1``), and one placeholder that turns broken pipeline files into
+  an import error naming each file, without hiding the other pipelines' DAGs.
 * :class:`SluiceSparkSubmitOperator`: ``SparkSubmitOperator`` through the ``spark_default`` connection when
   it is defined; otherwise local mode (``local[*]``), never the provider's YARN default. It runs pyspark's
   own ``spark-submit`` from this interpreter's environment and hands the Python workers this interpreter.
-* Assets per gold table, and the pools/params used by the DAGs.
 """
 
 from __future__ import annotations
@@ -15,9 +18,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import pendulum
+from airflow.exceptions import AirflowTimetableInvalid
 from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import Asset
+from airflow.sdk import DAG, Asset
+from airflow.timetables.simple import NullTimetable
+
+from sluice.model import PipelineDef
+from sluice.registry import Registry
 
 log = logging.getLogger("sluice.orchestration")
 
@@ -30,18 +39,16 @@ LOCAL_MASTER = "local[*]"
 # resumes where the failed attempt stopped.
 DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2, "retry_delay": timedelta(minutes=1)}
 
-GOLD_ASSETS: dict[str, list[Asset]] = {
-    "ad_clicks_hourly": [
-        Asset(name="gold/ad_clicks_hourly", uri="sluice://gold/ad_clicks_hourly", group="sluice"),
-        Asset(name="gold/unmatched_clicks_hourly", uri="sluice://gold/unmatched_clicks_hourly", group="sluice"),
-    ],
-    "user_activity_hourly": [
-        Asset(name="gold/user_activity_hourly", uri="sluice://gold/user_activity_hourly", group="sluice"),
-    ],
-}
+JOB = "sluice_job"  # the one generic spark-submit entry point under jobs/
+START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 
 
-def job(name: str) -> str:
+def gold_assets(pipeline: PipelineDef) -> list[Asset]:
+    """One Asset per gold table the pipeline writes."""
+    return [Asset(name=o.table_name, uri=f"sluice://{o.table_name}", group="sluice") for o in pipeline.outputs]
+
+
+def job(name: str = JOB) -> str:
     """Absolute path of a spark-submit entry point under jobs/."""
     return str(JOBS_DIR / f"{name}.py")
 
@@ -119,3 +126,73 @@ def send_alerts_task(pipeline: Any) -> Any:
         return 0
 
     return send_alerts(pipeline)
+
+
+def _doc_md(pipeline: PipelineDef) -> str:
+    outputs = ", ".join(f"`{o.table_name}`" for o in pipeline.outputs)
+    streams = ", ".join(f"`landing/{s}`" for s in pipeline.streams)
+    return (
+        f"### {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
+        f"Declared in `{pipeline.source}`. Reads {streams}; writes {outputs}.\n\n"
+        "1. **run_cycle** (one Spark application): ingest the pipeline's streams into bronze, quarantine and "
+        "DLQ, then the streaming queries (and the batch close) write the windows the watermark closed.\n"
+        "2. **check_quality**: Great Expectations on each newly closed window -> `ops/dq_results`, Data Docs, "
+        "ledger.\n"
+        "3. **send_alerts**: webhook/email for failing windows (connections `sluice_webhook`, `sluice_smtp`).\n\n"
+        "Spark runs on the `spark_default` connection if defined, else in local mode."
+    )
+
+
+def pipeline_dag(pipeline: PipelineDef) -> DAG:
+    """The scheduled DAG of one pipeline: run_cycle >> check_quality >> send_alerts."""
+    with DAG(
+        dag_id=pipeline.name,
+        schedule=pipeline.schedule,
+        start_date=START_DATE,
+        catchup=False,
+        max_active_runs=1,
+        default_args=DEFAULT_ARGS,
+        tags=["sluice", "pipeline", *pipeline.tags],
+        doc_md=_doc_md(pipeline),
+    ) as dag:
+        run_cycle = SluiceSparkSubmitOperator(
+            task_id="run_cycle",
+            application=job(),
+            application_args=["run", pipeline.name, "--skip-quality"],
+            outlets=gold_assets(pipeline),
+        )
+        check_quality = SluiceSparkSubmitOperator(
+            task_id="check_quality",
+            application=job(),
+            application_args=["check", pipeline.name, "--no-deliver"],
+        )
+        send_alerts = send_alerts_task(pipeline.name)
+        run_cycle >> check_quality >> send_alerts
+    return dag
+
+
+class _BrokenPipelineFiles(NullTimetable):
+    """Fails DAG validation with the load errors, so that the DagBag shows them as an import error while
+    every other DAG of the factory file is still bagged."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__()
+        self.message = message
+
+    def validate(self) -> None:
+        raise AirflowTimetableInvalid(self.message)
+
+
+BROKEN_DAG_ID = "sluice_broken_pipeline_files"
+
+
+def pipeline_dags(registry: Registry) -> dict[str, DAG]:
+    """Every registered pipeline's DAG, plus a placeholder carrying the load errors of broken files."""
+    dags = {name: pipeline_dag(p) for name, p in sorted(registry.pipelines.items())}
+    if registry.errors:
+        message = "sluice pipeline file(s) failed to load; their DAGs are missing, the others are fine:\n" + \
+            "\n".join(f"  {e}" for e in registry.errors)
+        log.error("%s", message)
+        dags[BROKEN_DAG_ID] = DAG(dag_id=BROKEN_DAG_ID, schedule=_BrokenPipelineFiles(message),
+                                  start_date=START_DATE, catchup=False, doc_md=message)
+    return dags

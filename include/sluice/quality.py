@@ -20,30 +20,30 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice import tables
+from sluice.checks import Completeness
 from sluice.config import Settings
 from sluice.delta.engine import DeltaEngine
 from sluice.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
-from sluice.pipelines import PipelineDef
+from sluice.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.spark import collected_utc
 
 log = logging.getLogger("sluice.quality")
 
 Window = tuple[datetime, datetime]
 
-# What "completeness" compares, per pipeline: (name, gold measure over the window's gold rows of the
-# main output, bronze stream, Spark SQL measure over the window's bronze rows).
-COMPLETENESS: dict[str, list[tuple[str, str, str, str]]] = {
-    "ad_clicks_hourly": [("impressions", "sum:impressions", "impressions", "count(DISTINCT impression_id)")],
-    "user_activity_hourly": [("users", "distinct:user_id", "events", "count(DISTINCT user_id)")],
-}
+def outcome_prefix(pipeline: PipelineDef, output: OutputDef) -> str:
+    """Outcome names of the output named like its pipeline stay plain; other outputs' are qualified."""
+    return "" if output.name == pipeline.name else f"{output.name}:"
 
 
-def _gold_measure(rows: Any, measure: str) -> int:
-    """``sum:<column>`` or ``distinct:<column>`` over the window's gold rows (a small pandas frame)."""
-    kind, column = measure.split(":", 1)
-    if rows.empty:
+def _gold_measure(rows: Any, output: OutputDef, metric: str) -> int:
+    """The window's sum of ``metric`` over its gold rows (a small pandas frame), or its number of distinct
+    keys when ``metric`` is the output's key."""
+    if rows.empty or metric not in rows.columns:
         return 0
-    return int(rows[column].sum()) if kind == "sum" else int(rows[column].nunique())
+    if metric in output.keys:
+        return int(rows[metric].nunique())
+    return int(rows[metric].fillna(0).sum())
 
 
 @dataclass
@@ -70,6 +70,15 @@ def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "ev
     return df.join(
         F.broadcast(bounds), (F.col(time_column) >= F.col("_ws")) & (F.col(time_column) < F.col("_we"))
     )
+
+
+def _internal(spec: Any, field: str) -> str:
+    """The bronze column of a declared field (the event-time field is ``event_time`` in bronze)."""
+    return EVENT_TIME if field == spec.time_field else field
+
+
+def _window_rows(rows: Any, window: Window) -> Any:
+    return rows[(rows["window_start"] == window[0]) & (rows["window_end"] == window[1])].reset_index(drop=True)
 
 
 def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], bool]:
@@ -151,21 +160,30 @@ class QualityChecker:
 
         for table in (tables.DQ_RESULTS, tables.ALERTS):
             self.engine.ensure_table(table.path(self.settings), table.schema)
-        inputs = self._inputs(windows, include_late)
+        gold_by_output, completeness, late_by_window, totals = self._inputs(windows, include_late)
         validator = WindowValidator(
             docs_dir(self.settings),
             lateness_threshold=self.settings.lateness_threshold,
             run_time=self.settings.now(),
             window_seconds=int(self.pipeline.window.size.total_seconds()),
         )
-        main = self.pipeline.outputs[0]
+        from sluice.checks import Between, NotNull
+        from sluice.dq import OutputFrame
+
         results = []
         for window in windows:
-            gold, completeness, late, total = inputs[window]
+            frames = [
+                OutputFrame(
+                    output.name, _window_rows(gold_by_output[output.name], window), output.keys,
+                    tuple(c for c in output.checks if isinstance(c, Between | NotNull)),
+                    outcome_prefix(self.pipeline, output),
+                )
+                for output in self.pipeline.outputs
+            ]
+            late = late_by_window.get(window, 0)
             validation = validator.validate(
-                self.pipeline.name, window[0], window[1], gold, key=main.key,
-                count_columns=[m for m in main.metrics if m not in ("ctr", "avg_events_per_10min")],
-                completeness=completeness, late_rows=late, total_rows=total,
+                self.pipeline.name, window[0], window[1], outputs=frames,
+                completeness=completeness.get(window, {}), late_rows=late, total_rows=totals.get(window, 0) + late,
             )
             results.append((window, validation, late))
             report.checked.append(window)
@@ -176,57 +194,56 @@ class QualityChecker:
         return report
 
     # -- inputs ---------------------------------------------------------------------------------------
-    def _inputs(self, windows: Sequence[Window], include_late: bool = False):
-        main = self.pipeline.outputs[0]
-        gold = self.engine.read(main.table.path(self.settings))
+    def _inputs(self, windows: Sequence[Window], include_late: bool = False) -> tuple[Any, ...]:
+        """Per output, the windows' gold rows (small: one row per window and key); per window, each declared
+        completeness check's (gold total, bronze count); per window, the DLQ and accepted record counts."""
         bounds = self.spark.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
-        # The window's gold rows are the small output GE validates (one row per key of one window).
-        gold_rows: Any = gold.join(F.broadcast(bounds), ["window_start", "window_end"]).toPandas()
-        for column in ("window_start", "window_end"):
-            if gold_rows[column].dt.tz is None:
-                gold_rows[column] = gold_rows[column].dt.tz_localize("UTC")
-        specs = COMPLETENESS.get(self.pipeline.name, [])
-        # One pass per stream over the window hours of bronze, one over its DLQ: record counts plus the
-        # stream's completeness measure, for every window at once.
-        measures = {stream: (name, bronze_expr) for name, _gold, stream, bronze_expr in specs}
-        bronze_totals: dict[tuple[str, Window], int] = {}
+        gold_by_output: dict[str, Any] = {}
+        for output in self.pipeline.outputs:
+            gold = self.engine.read(output.path(self.settings))
+            rows: Any = gold.join(F.broadcast(bounds), ["window_start", "window_end"]).toPandas()
+            for column in ("window_start", "window_end"):
+                if rows[column].dt.tz is None:
+                    rows[column] = rows[column].dt.tz_localize("UTC")
+            gold_by_output[output.name] = rows
+        checks = [(output, c) for output in self.pipeline.outputs for c in output.checks
+                  if isinstance(c, Completeness)]
+        # One pass per stream over the window hours of bronze, one over its DLQ: record counts plus every
+        # completeness measure on that stream, for every window at once.
+        bronze_measure: dict[tuple[str, Window], int] = {}
         records: dict[Window, int] = {}
         late: dict[Window, int] = {}
         for stream in self.pipeline.streams:
             spec = self.settings.stream(stream)
+            on_stream = [(output, c) for output, c in checks if c.stream == stream]
             bronze = self.engine.read(
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
             ).filter(~F.col("is_heartbeat"))
-            measure = measures.get(stream)
             dlq = self.engine.read(tables.dlq(spec).path(self.settings))
             source = bronze.select(*spec.fields).withColumn("_bronze", F.lit(1))
             if include_late:
                 source = source.unionByName(dlq.select(*spec.fields).withColumn("_bronze", F.lit(0)))
-            aggs = [F.sum("_bronze").alias("n"), F.expr(measure[1] if measure else "0").alias("m")]
+            counted = {c.name + output.name: _internal(spec, c.distinct or spec.id_field) for output, c in on_stream}
+            aggs = [F.sum("_bronze").alias("n")] + [
+                F.countDistinct(column).alias(f"_m{i}") for i, column in enumerate(counted.values())
+            ]
             for r in _in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs).collect():
                 w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
                 records[w] = records.get(w, 0) + int(r["n"] or 0)
-                if measure:
-                    bronze_totals[(measure[0], w)] = int(r["m"])
+                for i, key in enumerate(counted):
+                    bronze_measure[(key, w)] = int(r[f"_m{i}"])
             for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
                 w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
                 late[w] = late.get(w, 0) + int(r["count"])
-        gold_totals: dict[tuple[str, Window], int] = {}
-        for name, gold_expr, _stream, _bronze in specs:
-            for window in windows:
-                rows = gold_rows[(gold_rows["window_start"] == window[0]) & (gold_rows["window_end"] == window[1])]
-                gold_totals[(name, window)] = _gold_measure(rows, gold_expr)
-        out = {}
+        completeness: dict[Window, dict[str, tuple[int, int]]] = {}
         for window in windows:
-            start, end = window
-            rows = gold_rows[(gold_rows["window_start"] == start) & (gold_rows["window_end"] == end)]
-            completeness = {
-                name: (gold_totals.get((name, window), 0), bronze_totals.get((name, window), 0))
-                for name, *_rest in specs
-            }
-            n_late = late.get(window, 0)
-            out[window] = (rows.reset_index(drop=True), completeness, n_late, records.get(window, 0) + n_late)
-        return out
+            for output, check in checks:
+                rows = _window_rows(gold_by_output[output.name], window)
+                completeness.setdefault(window, {})[outcome_prefix(self.pipeline, output) + check.name] = (
+                    _gold_measure(rows, output, check.metric),
+                    bronze_measure.get((check.name + output.name, window), 0),
+                )
+        return gold_by_output, completeness, late, records
 
     # -- outputs --------------------------------------------------------------------------------------
     def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:

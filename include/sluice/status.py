@@ -10,7 +10,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from sluice import tables
-from sluice.config import PIPELINE_STREAMS, Settings
+from sluice.config import Settings
 from sluice.ledger import WINDOW_LEDGER, read_ledger
 from sluice.report import accounting_table, fmt_ts, render_table, table_rows
 
@@ -31,7 +31,8 @@ def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
 
 def ledger_summary(settings: Settings) -> str:
     rows = []
-    for pipeline, streams in PIPELINE_STREAMS.items():
+    for pipeline, definition in sorted(settings.registry.pipelines.items()):
+        streams = definition.streams
         ledger = read_ledger(settings, pipeline)
         states = Counter(r.state for r in ledger)
         closed_starts = {r.window_start for r in ledger}
@@ -65,17 +66,20 @@ def render_status(settings: Settings) -> str:
         "windows (ops/window_ledger):",
         ledger_summary(settings),
     ]
+    if settings.registry.errors:
+        out += ["", "pipeline files that failed to load:"]
+        out += [f"  {e}" for e in settings.registry.errors]
     failed = [r for r in read_ledger(settings) if r.state == "failed"]
     if failed:
         out += ["", "failed windows:"]
         out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in failed[-10:]]
     out += ["", "tables (rows):"]
     rows = []
-    from sluice.pipelines import PIPELINES
-
-    gold = [o.table for p in PIPELINES.values() for o in p.outputs]
-    for table in [*tables.all_ingest_tables(settings), *gold, WINDOW_LEDGER, tables.DQ_RESULTS, tables.ALERTS]:
-        count = table_rows(table.path(settings))
-        rows.append([table.name, "-" if count is None else count])
+    gold = [(o.table_name, o.path(settings)) for p in settings.registry.pipelines.values() for o in p.outputs]
+    named = [(t.name, t.path(settings)) for t in tables.all_ingest_tables(settings)]
+    named += [*gold, *[(t.name, t.path(settings)) for t in (WINDOW_LEDGER, tables.DQ_RESULTS, tables.ALERTS)]]
+    for name, path in named:
+        count = table_rows(path)
+        rows.append([name, "-" if count is None else count])
     out.append(render_table(["table", "rows"], rows))
     return "\n".join(out)

@@ -9,11 +9,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import (
     BooleanType,
+    DataType,
     DateType,
+    DoubleType,
     IntegerType,
     LongType,
     StringType,
@@ -22,7 +24,10 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.config import Settings, StreamSpec
+from sluice.model import StreamSpec
+
+if TYPE_CHECKING:
+    from sluice.config import Settings
 
 
 @dataclass(frozen=True)
@@ -41,11 +46,18 @@ def _fields(*pairs: tuple[str, object]) -> list[StructField]:
     return [StructField(name, dtype, True) for name, dtype in pairs]  # type: ignore[arg-type]
 
 
+SPARK_TYPES: dict[str, DataType] = {
+    "string": StringType(),
+    "long": LongType(),
+    "double": DoubleType(),
+    "boolean": BooleanType(),
+    "timestamp": TimestampType(),
+}
+
+
 def payload_fields(spec: StreamSpec) -> list[StructField]:
-    """The stream's own fields: ids and attributes as strings, event_time normalised to UTC."""
-    return [
-        StructField(f, TimestampType() if f == "event_time" else StringType(), True) for f in spec.fields
-    ]
+    """The stream's own fields with their declared types; event_time normalised to UTC."""
+    return [StructField(f, SPARK_TYPES[spec.type_of(f)], True) for f in spec.fields]
 
 
 _LINEAGE = _fields(
@@ -122,10 +134,10 @@ INGEST_BATCHES = TableDef(
     ),
 )
 
-# Heartbeat rows carry keys with this prefix (see sluice.ingest and sluice.pipelines.transforms).
+# Heartbeat rows carry string keys with this prefix (see sluice.ingest); user code never sees them.
 HEARTBEAT_PREFIX = "__heartbeat__"
 
-QUARANTINE_REASONS = ("malformed_json", "missing_field", "bad_timestamp", "early")
+QUARANTINE_REASONS = ("malformed_json", "missing_field", "bad_timestamp", "bad_type", "early")
 
 
 def stream_tables(spec: StreamSpec) -> list[TableDef]:

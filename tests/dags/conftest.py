@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 from sluice.config import Settings, load_settings
-from sluice.generate import GenerateOptions, Manifest, generate
+from sluice_tools.generate import GenerateOptions, Manifest, generate
 
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"

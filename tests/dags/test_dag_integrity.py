@@ -1,5 +1,6 @@
-"""DAG integrity (SPEC section 7), fast: the repo's dags/ parse cleanly into exactly the four fixed DAG ids, each
-with the settings a production scheduler relies on, and parsing does no work (no Spark, no SLUICE_HOME)."""
+"""DAG integrity (SPEC sections 7-8), fast: the repo's dags/ parse cleanly into one DAG per registered pipeline
+plus the fixed backfill and maintenance DAGs, each with the settings a production scheduler relies on, and
+parsing does no work (no Spark, no SLUICE_HOME)."""
 
 from __future__ import annotations
 
@@ -18,16 +19,32 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
 
-EXPECTED = {"ad_clicks_hourly", "user_activity_hourly", "sluice_backfill", "sluice_maintenance"}
-SCHEDULED = {"ad_clicks_hourly", "user_activity_hourly", "sluice_maintenance"}
+from sluice.config import load_settings  # noqa: E402
+
+REGISTRY = load_settings({}).registry
+PIPELINES = set(REGISTRY.pipelines)
+EXPECTED = {*PIPELINES, "sluice_backfill", "sluice_maintenance"}
+SCHEDULED = {*(n for n, p in REGISTRY.pipelines.items() if p.schedule), "sluice_maintenance"}
 # Tasks where a retry cannot help: the alert task fails the run on purpose (a retry would re-send), and
 # bad backfill params stay bad.
 NO_RETRY_TASKS = {"send_alerts", "validate_params"}
 
 
-def test_no_import_errors_and_exactly_the_fixed_dag_ids(dagbag: Any) -> None:
+def test_no_import_errors_and_one_dag_per_registered_pipeline(dagbag: Any) -> None:
+    assert REGISTRY.errors == []
+    assert PIPELINES, "the shipped pipelines folder registers no pipeline"
     assert dagbag.import_errors == {}
     assert set(dagbag.dag_ids) == EXPECTED
+
+
+@pytest.mark.parametrize("pipeline", sorted(PIPELINES))
+def test_pipeline_dag_matches_its_definition(dagbag: Any, pipeline: str) -> None:
+    definition = REGISTRY.pipelines[pipeline]
+    dag = dagbag.dags[pipeline]
+    assert dag.schedule == definition.schedule
+    assert [t.task_id for t in dag.topological_sort()] == ["run_cycle", "check_quality", "send_alerts"]
+    outlets = {a.uri for a in dag.get_task("run_cycle").outlets}
+    assert outlets == {f"sluice://gold/{o.name}" for o in definition.outputs}
 
 
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED))
@@ -49,26 +66,25 @@ def test_dag_settings(dagbag: Any, dag_id: str) -> None:
         assert dag.schedule is None, "the backfill DAG is manual only"
 
 
-def test_backfill_params(dagbag: Any) -> None:
+def test_backfill_params_offer_every_registered_pipeline(dagbag: Any) -> None:
     dag = dagbag.dags["sluice_backfill"]
     assert set(dag.params.keys()) >= {"pipeline", "start", "end", "include_late"}
+    assert set(dag.params.get_param("pipeline").schema["enum"]) == PIPELINES
 
 
-def test_one_dag_per_file_named_after_it(dagbag: Any) -> None:
-    per_file = Counter(Path(dag.fileloc).resolve() for dag in dagbag.dags.values())
-    assert all(n == 1 for n in per_file.values()), per_file
-    for dag in dagbag.dags.values():
-        path = Path(dag.fileloc).resolve()
-        assert path.parent == DAGS.resolve()
-        assert path.stem == dag.dag_id
-    assert {p.stem for p in DAGS.glob("*.py") if not p.name.startswith("_")} == EXPECTED
+def test_pipeline_dags_come_from_one_factory_file(dagbag: Any) -> None:
+    files = Counter(Path(dagbag.dags[p].fileloc).resolve() for p in PIPELINES)
+    assert list(files) == [(DAGS / "sluice_pipelines.py").resolve()]
+    assert {p.stem for p in DAGS.glob("*.py") if not p.name.startswith("_")} == {
+        "sluice_pipelines", "sluice_backfill", "sluice_maintenance"}
+    assert [p.name for p in (REPO / "jobs").glob("*.py")] == ["sluice_job.py"]
 
 
 def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
     from sluice.orchestration import SluiceSparkSubmitOperator
 
     spark_tasks = [t for dag in dagbag.dags.values() for t in dag.tasks if isinstance(t, SluiceSparkSubmitOperator)]
-    assert len(spark_tasks) >= 5
+    assert len(spark_tasks) == 2 * len(PIPELINES) + 1
     for task in spark_tasks:
         assert Path(task.application).is_file(), f"{task.dag_id}.{task.task_id}: {task.application} is missing"
 
@@ -78,7 +94,7 @@ def test_spark_master_is_local_without_connection_and_the_connection_when_define
 ) -> None:
     """SPEC 7: spark_default if defined, else local mode -- never the provider's YARN default."""
     monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
-    task = dagbag.dags["ad_clicks_hourly"].get_task("run_cycle")
+    task = dagbag.dags[sorted(PIPELINES)[0]].get_task("run_cycle")
     master = task._get_hook()._connection["master"]
     assert master.startswith("local"), master
     assert "yarn" not in master

@@ -5,29 +5,28 @@ on 127.0.0.1. Nothing is mocked."""
 
 from __future__ import annotations
 
-import contextlib
-import email
 import json
 import os
-import socketserver
-import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
-from sluice.generate import GenerateOptions, generate
+from sluice_tools.generate import GenerateOptions, generate
+from support.servers import (
+    SmtpServer,
+    WebhookServer,
+    smtp_server_fixture,  # noqa: F401 (pytest fixture ``smtp_server``)
+    webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
+)
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
-SOCKET_TIMEOUT = 10.0
 
 Window = tuple[datetime, datetime]
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
@@ -98,158 +97,6 @@ def assert_dq_recorded(home: Path, pipeline: str, windows: list[Window], *, succ
     if success is not None:
         failing = [(window(r), r["expectation"], r["observed_value"]) for r in dq if r["success"] is not success]
         assert not failing, failing
-
-
-# ------------------------------------------------------------------------------------------------ servers
-@dataclass
-class WebhookServer:
-    url: str
-    requests: list[tuple[str, str, bytes]] = field(default_factory=list)
-
-    def posts(self) -> list[dict[str, Any]]:
-        assert all(method == "POST" for method, _path, _body in self.requests), self.requests
-        return [json.loads(body) for _m, _p, body in self.requests]
-
-
-@pytest.fixture
-def webhook() -> Iterator[WebhookServer]:
-    state = WebhookServer(url="")
-    lock = threading.Lock()
-
-    class Handler(BaseHTTPRequestHandler):
-        timeout = SOCKET_TIMEOUT
-
-        def _record(self) -> None:
-            length = int(self.headers.get("Content-Length") or 0)
-            body = self.rfile.read(length) if length else b""
-            with lock:
-                state.requests.append((self.command, self.path, body))
-            self.send_response(200)
-            self.send_header("Content-Length", "2")
-            self.end_headers()
-            self.wfile.write(b"ok")
-
-        do_POST = _record
-        do_GET = _record
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
-
-
-@dataclass
-class Mail:
-    mail_from: str
-    rcpt_to: list[str]
-    data: bytes
-
-    @property
-    def message(self) -> Message:
-        return email.message_from_bytes(self.data)
-
-    def text(self) -> str:
-        out = []
-        for part in self.message.walk():
-            if part.get_content_maintype() == "text":
-                payload = part.get_payload(decode=True)
-                assert isinstance(payload, bytes)
-                out.append(payload.decode(part.get_content_charset() or "utf-8"))
-        return "\n".join(out)
-
-
-class _SmtpHandler(socketserver.StreamRequestHandler):
-    """Just enough SMTP (RFC 5321) to receive mail: no STARTTLS, no AUTH offered."""
-
-    timeout = SOCKET_TIMEOUT
-    server: SmtpServer
-
-    def _reply(self, line: str) -> None:
-        self.wfile.write(line.encode("ascii") + b"\r\n")
-        self.wfile.flush()
-
-    def handle(self) -> None:
-        with contextlib.suppress(OSError):
-            self._session()
-
-    def _session(self) -> None:
-        self._reply("220 sluice-test ESMTP")
-        mail_from: str | None = None
-        rcpt_to: list[str] = []
-        while True:
-            raw = self.rfile.readline(65536)
-            if not raw:
-                return
-            line = raw.decode("utf-8", "replace").rstrip("\r\n")
-            upper = line.upper()
-            if upper.startswith("EHLO"):
-                self.wfile.write(b"250-sluice-test\r\n250 8BITMIME\r\n")
-            elif upper.startswith("HELO"):
-                self._reply("250 sluice-test")
-            elif upper.startswith("MAIL FROM:"):
-                mail_from, rcpt_to = line[10:].split()[0].strip("<>"), []
-                self._reply("250 OK")
-            elif upper.startswith("RCPT TO:"):
-                rcpt_to.append(line[8:].split()[0].strip("<>"))
-                self._reply("250 OK")
-            elif upper == "DATA":
-                if mail_from is None or not rcpt_to:
-                    self._reply("503 need RCPT first")
-                    continue
-                self._reply("354 end with <CRLF>.<CRLF>")
-                lines = []
-                while (chunk := self.rfile.readline(65536)) not in (b".\r\n", b".\n"):
-                    if not chunk:
-                        return
-                    lines.append(chunk[1:] if chunk.startswith(b"..") else chunk)
-                with self.server.lock:
-                    self.server.mails.append(Mail(mail_from, rcpt_to, b"".join(lines)))
-                mail_from, rcpt_to = None, []
-                self._reply("250 OK queued")
-            elif upper in ("RSET", "NOOP"):
-                self._reply("250 OK")
-            elif upper == "QUIT":
-                self._reply("221 bye")
-                return
-            else:
-                self._reply("502 command not implemented")
-
-
-class SmtpServer(socketserver.ThreadingTCPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _SmtpHandler)
-        self.lock = threading.Lock()
-        self.mails: list[Mail] = []
-
-    @property
-    def port(self) -> int:
-        return int(self.server_address[1])
-
-
-@pytest.fixture
-def smtp_server() -> Iterator[SmtpServer]:
-    server = SmtpServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
 
 
 # ------------------------------------------------------------------------------------------------ tests

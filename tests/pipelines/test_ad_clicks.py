@@ -22,11 +22,11 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
+from sluice.config import load_settings as _load_settings
 from sluice.cycle import run_cycle
-from sluice.generate import GenerateOptions, Manifest, generate
 from sluice.ingest import load_state
 from sluice.ledger import LedgerRow, read_ledger
-from sluice.pipelines import get_pipeline
+from sluice_tools.generate import GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark
 
@@ -359,7 +359,7 @@ def progressive(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def test_nothing_is_emitted_before_its_time(progressive: Progressive) -> None:
-    bound = get_pipeline(PIPELINE).lateness_bound
+    bound = _load_settings({}).pipeline(PIPELINE).lateness_bound
     assert bound == BOUND
     first_seen: dict[tuple[datetime, datetime], Snapshot] = {}
     for snap in progressive.snapshots:

@@ -5,21 +5,18 @@ closing the last hour, and heartbeats never counted."""
 from __future__ import annotations
 
 import json
-import os
 import random
 from collections import Counter
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.cycle import run_cycle
 from sluice.ingest import load_state
 from sluice.ledger import read_ledger
+from support import lake
+from support.lake import table
 
 pytestmark = pytest.mark.spark
 
@@ -53,13 +50,7 @@ def land(settings: Settings, name: str, events: list[Event], arrival: datetime, 
     ]
     lines += list(extra)
     random.Random(name).shuffle(lines)
-    folder = settings.landing_dir("events")
-    folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / f".{name}.tmp"
-    tmp.write_text("".join(line + "\n" for line in lines))
-    final = folder / name
-    tmp.rename(final)
-    os.utime(final, (arrival.timestamp(), arrival.timestamp()))
+    lake.land(settings, "events", name, lines, arrival)
 
 
 def land_buckets(settings: Settings, events: list[Event]) -> datetime:
@@ -80,16 +71,7 @@ def land_buckets(settings: Settings, events: list[Event]) -> datetime:
 def cycle(spark: SparkSession, settings: Settings, now: datetime) -> Settings:
     """One product cycle at ``now``: ingest + aggregation (the data-quality step is tested elsewhere and
     only changes ledger states)."""
-    at_now = replace(settings, now_override=now)
-    run_cycle(at_now, PIPELINE, spark=spark, check_quality=False)
-    return at_now
-
-
-def table(settings: Settings, name: str) -> list[dict[str, Any]]:
-    path = settings.lake / name
-    if not DeltaTable.is_deltatable(str(path)):
-        return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return lake.cycle(spark, settings, PIPELINE, now)
 
 
 def gold(settings: Settings) -> list[tuple[datetime, datetime, str, float]]:

@@ -4,21 +4,19 @@ against small hand-computed expectations for user_activity_hourly and ad_clicks_
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.cycle import run_cycle
+from sluice.config import load_settings as _load_settings
 from sluice.ingest import load_state
 from sluice.ledger import read_ledger
-from sluice.pipelines import get_pipeline
+from support import lake
+from support.lake import table
 
 pytestmark = pytest.mark.spark
 
@@ -37,22 +35,14 @@ def w(start: str, end: str) -> tuple[datetime, datetime]:
 
 
 def land(settings: Settings, stream: str, records: list[dict[str, Any]]) -> None:
-    folder = settings.landing_dir(stream)
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{stream}-1.jsonl"
-    path.write_text("".join(json.dumps({**r, "event_time": f"2024-05-01T{r['event_time']}Z"}) + "\n"
-                            for r in records))
-    os.utime(path, (at(ARRIVAL).timestamp(), at(ARRIVAL).timestamp()))
+    """One landing file ``<stream>-1.jsonl`` of ``records`` (event times given as clocks on 2024-05-01),
+    arriving at ARRIVAL."""
+    lake.land(settings, stream, f"{stream}-1.jsonl",
+              [{**r, "event_time": f"2024-05-01T{r['event_time']}Z"} for r in records], at(ARRIVAL))
 
 
 def cycle(spark: SparkSession, settings: Settings, pipeline: str) -> Settings:
-    now = replace(settings, now_override=at(NOW))
-    run_cycle(now, pipeline, spark=spark, check_quality=False)
-    return now
-
-
-def table(settings: Settings, name: str) -> list[dict[str, Any]]:
-    return DeltaTable(str(settings.lake / name)).to_pyarrow_table().to_pylist()
+    return lake.cycle(spark, settings, pipeline, at(NOW))
 
 
 def rows(settings: Settings, name: str, *columns: str) -> list[tuple[Any, ...]]:
@@ -62,7 +52,7 @@ def rows(settings: Settings, name: str, *columns: str) -> list[tuple[Any, ...]]:
 def check_ledger(settings: Settings, pipeline: str, gold_windows: set[tuple[datetime, datetime]]) -> None:
     ledger = read_ledger(settings, pipeline)
     assert [(r.window_start, r.window_end) for r in ledger] == sorted(gold_windows)
-    bound = get_pipeline(pipeline).lateness_bound
+    bound = _load_settings({}).pipeline(pipeline).lateness_bound
     for row in ledger:
         assert row.closed_by_watermark is not None and row.closed_by_watermark >= row.window_end + bound
     streams = ("events",) if pipeline == "user_activity_hourly" else ("impressions", "clicks")

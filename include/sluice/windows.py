@@ -1,24 +1,18 @@
-"""What a pipeline is: a small typed definition, not a copy of a job file.
+"""Event-time windows: tumbling, hopping (overlapping) and windows with gaps, half-open ``[start, end)``.
 
-A pipeline names the bronze streams it reads, its window, and its outputs. Each output is one
-``build`` function from the (watermarked) input streams to windowed rows with a ``window`` struct column.
-The same ``build`` runs on streaming DataFrames (the scheduled path) and on batch DataFrames (backfills),
-so the two paths cannot drift. Adding a pipeline means writing its transform and its config.
+A pipeline's build function gets a :class:`WindowSpec` and groups by ``window.column(<time column>)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.config import ConfigError, StreamSpec, parse_duration
-from sluice.tables import TableDef
-
-Inputs = Mapping[str, DataFrame]
+from sluice.errors import ConfigError
+from sluice.timeutil import parse_duration
 
 
 def spark_interval(value: timedelta) -> str:
@@ -76,36 +70,3 @@ class WindowSpec:
     @classmethod
     def parse(cls, size: str, hop: str | None = None) -> WindowSpec:
         return cls(parse_duration(size, "window.size"), parse_duration(hop, "window.hop") if hop else None)
-
-
-@dataclass(frozen=True)
-class Output:
-    """One gold table of a pipeline, produced by one streaming query."""
-
-    name: str  # query name, also the app id of its commits
-    table: TableDef
-    build: Callable[[Inputs, WindowSpec], DataFrame]
-    key: str  # the grouping key; heartbeat groups carry a sentinel here and are dropped at the sink
-    metrics: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class PipelineDef:
-    name: str
-    # stream -> how to prepare its bronze rows (select, rename, watermark, dedup) given the stream's spec
-    inputs: Mapping[str, Callable[[StreamSpec], Callable[[DataFrame], DataFrame]]]
-    outputs: tuple[Output, ...]
-    window: WindowSpec = field(default_factory=WindowSpec)
-    # How long after a window's end its rows can still change (join bounds); a window is final once the
-    # watermark passes end + this. Used by the ledger and by tests, Spark enforces it by itself.
-    lateness_bound: timedelta = timedelta(0)
-
-    @property
-    def streams(self) -> tuple[str, ...]:
-        return tuple(self.inputs)
-
-    def output(self, name: str) -> Output:
-        for out in self.outputs:
-            if out.name == name:
-                return out
-        raise KeyError(name)

@@ -23,7 +23,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from sluice import tables
-from sluice.config import PIPELINE_STREAMS, Settings
+from sluice.config import Settings
 from sluice.ledger import read_ledger
 from sluice.quality import docs_dir
 from sluice.report import accounting_table, render_table
@@ -102,7 +102,7 @@ def _dq_summary(settings: Settings) -> str:
 
 
 def run_demo(settings: Settings) -> int:
-    from sluice.generate import GenerateOptions, generate
+    from sluice_tools.generate import GenerateOptions, generate
 
     options = GenerateOptions(hours=24, idle_gap_minutes=45)
     incoming = settings.home / "incoming"
@@ -152,5 +152,5 @@ def run_demo(settings: Settings) -> int:
     print("windows and data quality:")
     print(_dq_summary(settings))
     print(f"\nNext: `sluice status`, open the Data Docs, or `make airflow` for the UI. Pipelines: "
-          f"{', '.join(PIPELINE_STREAMS)}.")
+          f"{', '.join(sorted(settings.registry.pipelines))}.")
     return worst

@@ -42,7 +42,18 @@ from datetime import UTC, datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
-from sluice.config import DEFAULT_STREAMS, ConfigError, StreamSpec, parse_duration, parse_timestamp
+from sluice.config import ConfigError, StreamSpec, parse_duration, parse_timestamp
+
+# The example streams this generator writes, with their shipped time semantics (pipelines/*.py declares the
+# same); a caller passes the resolved specs (``settings.streams``) to honour configured overrides.
+DEFAULT_STREAMS: dict[str, StreamSpec] = {
+    "impressions": StreamSpec("impressions", "impression_id", ("impression_id", "ad_id", "event_time"), ("user_id",),
+                              timedelta(minutes=10)),
+    "clicks": StreamSpec("clicks", "click_id", ("click_id", "impression_id", "ad_id", "event_time"), ("user_id",),
+                         timedelta(minutes=10)),
+    "events": StreamSpec("events", "event_id", ("event_id", "user_id", "event_time"), ("event_type",),
+                         timedelta(minutes=5)),
+}
 
 STREAMS: tuple[str, ...] = ("impressions", "clicks", "events")
 QUARANTINE_REASONS: tuple[str, ...] = ("malformed_json", "missing_field", "bad_timestamp", "early")
@@ -835,7 +846,7 @@ def generate(
     manifest is exact for those.
     """
     options = options or GenerateOptions()
-    specs = specs or DEFAULT_STREAMS
+    specs = {**DEFAULT_STREAMS, **(specs or {})}
     landing = Path(landing)
     _check_disorder(options, specs)
     slices, gap = _slices(options)

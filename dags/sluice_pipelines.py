@@ -1,0 +1,16 @@
+"""
+### sluice pipelines
+
+One Airflow DAG per pipeline registered in the pipelines folder (`SLUICE_PIPELINES`, default `pipelines/`), built by
+`sluice.orchestration.pipeline_dags`: dag_id = the pipeline's name, its schedule, one Asset per gold table.
+A pipeline file that fails to load shows up as an import error naming that file; the other DAGs still load.
+"""
+
+from __future__ import annotations
+
+from sluice.config import load_settings
+from sluice.orchestration import pipeline_dags
+
+# Reads the pipeline definitions only (no Spark, no data): what a DAG factory needs to wire tasks.
+for _dag_id, _dag in pipeline_dags(load_settings().registry).items():
+    globals()[_dag_id] = _dag

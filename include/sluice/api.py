@@ -1,0 +1,237 @@
+"""The public API for declaring streams and pipelines (SPEC section 8).
+
+A data team writes a file in the pipelines folder::
+
+    from sluice import Output, Pipeline, Stream, checks
+
+    readings = Stream(name="readings", fields={...}, id="reading_id", watermark_delay="2m")
+    pipeline = Pipeline(name="device_temps", streams=[readings], window=("15m", "5m"),
+                        outputs=[Output("device_temps", build, key="device_id", checks=[...])])
+
+and sluice does the rest: ingest with quarantine, dedup, watermarks and DLQ; the streaming query; the
+closing of windows; the ledger; data quality; the DAG; backfills. Everything here is plain data, checked
+when it is constructed, so a mistake fails at load time with a message that says what to fix.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from sluice.checks import Check
+from sluice.errors import DefinitionError
+from sluice.timeutil import parse_duration
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+    from sluice.windows import WindowSpec
+
+FIELD_TYPES = ("string", "long", "double", "boolean", "timestamp")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+_COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Columns sluice adds to bronze and DLQ rows; a stream field of the same name would collide with them.
+RESERVED_COLUMNS = frozenset({
+    "arrival_time", "source_file", "ingest_batch_id", "is_heartbeat", "event_date", "event_hour", "watermark", "raw",
+})
+
+
+def _name(kind: str, value: object) -> str:
+    if not isinstance(value, str) or not _NAME.match(value):
+        raise DefinitionError(
+            f"{kind} name {value!r} is not valid; use lower-case letters, digits and '_' (it names folders "
+            "and Delta tables), starting with a letter, e.g. 'device_temps'"
+        )
+    return value
+
+
+def _duration(owner: str, key: str, value: object) -> timedelta:
+    try:
+        return parse_duration(value, f"{owner}: {key}")
+    except ValueError as exc:
+        raise DefinitionError(str(exc)) from None
+
+
+@dataclass(frozen=True, eq=False)
+class Stream:
+    """A landing stream: ``landing/<name>/`` JSON Lines files, with the fields each record carries.
+
+    ``fields`` maps field names to ``string``, ``long``, ``double``, ``boolean`` or ``timestamp``; the
+    event-time field (``event_time`` unless ``event_time=`` names another) must be a ``timestamp``.
+    ``id`` is the dedup key. ``required`` defaults to the id and the event time.
+    """
+
+    name: str
+    fields: Mapping[str, str]
+    id: str
+    required: Sequence[str] | None = None
+    watermark_delay: str | timedelta | float = "10m"
+    early_tolerance: str | timedelta | float = "5m"
+    idle_timeout: str | timedelta | float = "30m"
+    event_time: str = "event_time"
+
+    def __post_init__(self) -> None:
+        _name("stream", self.name)
+        owner = f"Stream {self.name!r}"
+        if not isinstance(self.fields, Mapping) or not self.fields:
+            raise DefinitionError(f"{owner}: fields must be a mapping of field name to type, e.g. "
+                                  "{'reading_id': 'string', 'event_time': 'timestamp'}")
+        fields = dict(self.fields)
+        for name, kind in fields.items():
+            if not isinstance(name, str) or not _COLUMN.match(name):
+                raise DefinitionError(f"{owner}: field name {name!r} is not a valid column name")
+            if name in RESERVED_COLUMNS:
+                raise DefinitionError(f"{owner}: field {name!r} clashes with a column sluice adds "
+                                      f"({', '.join(sorted(RESERVED_COLUMNS))}); rename it")
+            if kind not in FIELD_TYPES:
+                raise DefinitionError(f"{owner}: field {name!r} has unknown type {kind!r}; "
+                                      f"use one of: {', '.join(FIELD_TYPES)}")
+        if self.event_time not in fields:
+            raise DefinitionError(f"{owner}: the event-time field {self.event_time!r} is missing from fields; "
+                                  f"add it as 'timestamp', or name another one with event_time=...")
+        if fields[self.event_time] != "timestamp":
+            raise DefinitionError(f"{owner}: the event-time field {self.event_time!r} must have type 'timestamp', "
+                                  f"not {fields[self.event_time]!r}")
+        if self.event_time != "event_time" and "event_time" in fields:
+            raise DefinitionError(f"{owner}: 'event_time' is a field but {self.event_time!r} is the event time; "
+                                  "rename one of them")
+        if self.id not in fields:
+            raise DefinitionError(f"{owner}: the id field {self.id!r} is missing from fields; add it to fields")
+        if self.id == self.event_time:
+            raise DefinitionError(f"{owner}: the id field cannot be the event-time field")
+        required = list(self.required) if self.required is not None else [self.id, self.event_time]
+        if isinstance(self.required, str):
+            raise DefinitionError(f"{owner}: required must be a list of field names, e.g. [{self.required!r}]")
+        for name in required:
+            if name not in fields:
+                raise DefinitionError(f"{owner}: required field {name!r} is missing from fields; "
+                                      f"declare it in fields (known: {', '.join(fields)})")
+        for must in (self.id, self.event_time):
+            if must not in required:
+                required.append(must)
+        object.__setattr__(self, "fields", fields)
+        object.__setattr__(self, "required", tuple(required))
+        for key in ("watermark_delay", "early_tolerance", "idle_timeout"):
+            object.__setattr__(self, key, _duration(owner, key, getattr(self, key)))
+
+    def _identity(self) -> tuple[Any, ...]:
+        return (self.name, tuple(self.fields.items()), self.id, self.required, self.watermark_delay,
+                self.early_tolerance, self.idle_timeout, self.event_time)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Stream) and self._identity() == other._identity()
+
+    def __hash__(self) -> int:
+        return hash(self._identity())
+
+
+Build = Callable[[Mapping[str, "DataFrame"], "WindowSpec"], "DataFrame"]
+
+
+@dataclass(frozen=True)
+class Output:
+    """One gold table, ``gold/<name>``: the rows ``build(inputs, window)`` returns, one per window and key.
+
+    ``build`` returns a ``window`` column (from ``window.column(<time column>)``), the key column(s) and
+    the metrics. ``checks`` run on every closed window of this output.
+    """
+
+    name: str
+    build: Build
+    key: str | Sequence[str]
+    checks: Sequence[Check] = ()
+
+    def __post_init__(self) -> None:
+        _name("output", self.name)
+        if not callable(self.build):
+            raise DefinitionError(f"Output {self.name!r}: build must be a function (inputs, window) -> DataFrame")
+        keys = (self.key,) if isinstance(self.key, str) else tuple(self.key)
+        if not keys or not all(isinstance(k, str) and _COLUMN.match(k) for k in keys):
+            raise DefinitionError(f"Output {self.name!r}: key must name the grouping column(s), e.g. key='device_id'")
+        object.__setattr__(self, "key", keys[0] if len(keys) == 1 else keys)
+        checks = tuple(self.checks)
+        for check in checks:
+            if not isinstance(check, Check):
+                raise DefinitionError(f"Output {self.name!r}: {check!r} is not a check; use sluice.checks."
+                                      "completeness/between/not_null")
+        object.__setattr__(self, "checks", checks)
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return (self.key,) if isinstance(self.key, str) else tuple(self.key)
+
+
+def _window(owner: str, value: object) -> tuple[timedelta, timedelta | None]:
+    if isinstance(value, str | timedelta):
+        return _duration(owner, "window", value), None
+    if isinstance(value, Sequence) and len(value) == 2:
+        size = _duration(owner, "window size", value[0])
+        hop = _duration(owner, "window hop", value[1])
+        return size, (None if hop == size else hop)
+    raise DefinitionError(f"{owner}: window must be a size such as '1h', or (size, hop) such as ('15m', '5m')")
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """A pipeline: the streams it reads, its window, its schedule and its outputs.
+
+    ``lateness_bound`` is how long after a window's end its rows can still change (a join bound); a
+    window closes once the pipeline watermark has passed ``end + lateness_bound``.
+    """
+
+    name: str
+    streams: Sequence[Stream]
+    outputs: Sequence[Output]
+    window: str | timedelta | tuple[Any, Any] = "1h"
+    schedule: str | None = "*/15 * * * *"
+    lateness_bound: str | timedelta | float = 0
+    description: str = ""
+    tags: Sequence[str] = ()
+    window_size: timedelta = field(init=False, repr=False)
+    window_hop: timedelta | None = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        _name("pipeline", self.name)
+        owner = f"Pipeline {self.name!r}"
+        streams = tuple(self.streams) if isinstance(self.streams, Iterable) else ()
+        if not streams or not all(isinstance(s, Stream) for s in streams):
+            raise DefinitionError(f"{owner}: streams must be a non-empty list of sluice.Stream")
+        names = [s.name for s in streams]
+        if len(set(names)) != len(names):
+            raise DefinitionError(f"{owner}: a stream is listed twice ({', '.join(names)})")
+        outputs = tuple(self.outputs) if isinstance(self.outputs, Iterable) else ()
+        if not outputs or not all(isinstance(o, Output) for o in outputs):
+            raise DefinitionError(f"{owner}: outputs must be a non-empty list of sluice.Output")
+        out_names = [o.name for o in outputs]
+        if len(set(out_names)) != len(out_names):
+            raise DefinitionError(f"{owner}: two outputs are named alike ({', '.join(out_names)})")
+        for output in outputs:
+            for check in output.checks:
+                check.validate(owner=f"{owner}, output {output.name!r}", streams={s.name: s for s in streams})
+        size, hop = _window(owner, self.window)
+        if size <= timedelta(0) or (hop is not None and hop <= timedelta(0)):
+            raise DefinitionError(f"{owner}: window size and hop must be > 0")
+        if self.schedule is not None and not isinstance(self.schedule, str):
+            raise DefinitionError(f"{owner}: schedule must be a cron expression or preset such as '@hourly', or None")
+        object.__setattr__(self, "streams", streams)
+        object.__setattr__(self, "outputs", outputs)
+        object.__setattr__(self, "window_size", size)
+        object.__setattr__(self, "window_hop", hop)
+        object.__setattr__(self, "lateness_bound", _duration(owner, "lateness_bound", self.lateness_bound))
+        object.__setattr__(self, "tags", tuple(self.tags))
+
+    @property
+    def stream_names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.streams)
+
+    def output(self, name: str) -> Output:
+        for out in self.outputs:
+            if out.name == name:
+                return out
+        raise KeyError(name)
+
+
+__all__ = ["FIELD_TYPES", "Output", "Pipeline", "Stream"]

@@ -1,0 +1,1 @@
+"""Shared test helpers: landing files, reading tables, running cycles, and real alert receivers."""
