@@ -1,9 +1,9 @@
 """SPEC 8 end to end on real Spark and Delta: a team's own pipeline, declared in a folder of its own with
 only the public API, runs through ingest, streaming, the closing rule, data quality and backfills.
 
-The pipeline is SPEC 8's example: ``device_temps`` filters on a non-time column (``temp_c``) before it
-aggregates, which Spark pushes below the watermark. Heartbeats never reach user code, and the last windows
-still close when the stream goes idle."""
+The pipeline is the README's tutorial (taken from the README itself), SPEC 8's example: ``device_temps``
+filters on a non-time column (``temp_c``) before it aggregates, which Spark pushes below the watermark.
+Heartbeats never reach user code, and the last windows still close when the stream goes idle."""
 
 from __future__ import annotations
 
@@ -21,51 +21,17 @@ from sluice.config import Settings, load_settings
 from sluice.ingest import load_state
 from sluice.ledger import read_ledger
 from support.lake import cycle, land, table
+from support.tutorial import write_tutorial
 
 pytestmark = pytest.mark.spark
 
 DAY = datetime(2024, 5, 1, tzinfo=UTC)
 
-DEVICE_TEMPS = '''
-from pyspark.sql import functions as F
-from sluice import Output, Pipeline, checks
-from _streams import readings
-
-def device_temps(inputs, window):
-    r = inputs["readings"]
-    return (r.where(F.col("temp_c").isNotNull())
-             .groupBy(window.column("event_time"), "device_id")
-             .agg(F.count("*").alias("readings"), F.avg("temp_c").alias("avg_temp_c")))
-
-pipeline = Pipeline(
-    name="device_temps",
-    streams=[readings],
-    window=("15m", "5m"),
-    schedule="*/5 * * * *",
-    outputs=[Output("device_temps", device_temps, key="device_id",
-                    checks=[checks.completeness("readings", stream="readings"),
-                            checks.between("avg_temp_c", -60, 100)])],
-)
-'''
-
-STREAMS = '''
-from sluice import Stream
-
-readings = Stream(
-    name="readings",
-    fields={"reading_id": "string", "device_id": "string", "temp_c": "double", "seq": "long",
-            "event_time": "timestamp"},
-    id="reading_id",
-    required=["reading_id", "device_id", "event_time"],
-    watermark_delay="2m",
-)
-'''
-
 # A second pipeline on the same stream: the hottest reading per device per 15 minutes (tumbling).
 DEVICE_MAX = '''
 from pyspark.sql import functions as F
 from sluice import Output, Pipeline, checks
-from _streams import readings
+from device_temps import readings  # the stream is shared, not declared twice
 
 def device_max(inputs, window):
     return (inputs["readings"].groupBy(window.column("event_time"), "device_id")
@@ -87,7 +53,7 @@ def at(hhmm: str) -> datetime:
 
 
 def reading(i: int, device: str, hhmm: str, temp: float | None) -> dict[str, Any]:
-    return {"reading_id": f"r{i}", "device_id": device, "temp_c": temp, "seq": i,
+    return {"reading_id": f"r{i}", "device_id": device, "temp_c": temp, "battery": 100 - i,
             "event_time": f"2024-05-01T{hhmm}:00Z"}
 
 
@@ -101,14 +67,19 @@ FILES = [
 RECORDS = [r for _f, _a, rs in FILES for r in rs]
 
 
-def expected(window: tuple[datetime, datetime]) -> dict[str, tuple[int, float]]:
-    """device -> (readings with a temperature, their average) for one window, straight from the records."""
-    out: dict[str, list[float]] = {}
+def expected(window: tuple[datetime, datetime]) -> dict[str, tuple[int, float, int]]:
+    """device -> (readings with a temperature, their average, the lowest battery) for one window, straight
+    from the records."""
+    out: dict[str, list[dict[str, Any]]] = {}
     for r in RECORDS:
         t = datetime.fromisoformat(r["event_time"].replace("Z", "+00:00"))
         if window[0] <= t < window[1] and r["temp_c"] is not None:
-            out.setdefault(r["device_id"], []).append(r["temp_c"])
-    return {d: (len(v), sum(v) / len(v)) for d, v in out.items()}
+            out.setdefault(r["device_id"], []).append(r)
+    return {d: (len(v), sum(r["temp_c"] for r in v) / len(v), min(r["battery"] for r in v)) for d, v in out.items()}
+
+
+def observed(rows: dict[str, Any]) -> dict[str, tuple[int, float, int]]:
+    return {d: (r["readings"], r["avg_temp_c"], r["min_battery"]) for d, r in rows.items()}
 
 
 def hopping(first_end: str, last_end: str) -> list[tuple[datetime, datetime]]:
@@ -131,10 +102,7 @@ def gold(settings: Settings, name: str = "device_temps") -> dict[tuple[datetime,
 
 @pytest.fixture
 def home(tmp_path: Path) -> Settings:
-    folder = tmp_path / "team-pipelines"
-    folder.mkdir()
-    (folder / "_streams.py").write_text(textwrap.dedent(STREAMS))
-    (folder / "device_temps.py").write_text(textwrap.dedent(DEVICE_TEMPS))
+    folder = write_tutorial(tmp_path / "team-pipelines")
     settings = load_settings({"SLUICE_PIPELINES": str(folder)}, home=tmp_path / "home")
     assert settings.registry.errors == []
     return settings
@@ -162,7 +130,7 @@ def test_own_pipeline_closes_every_window_even_when_its_filter_hides_the_heartbe
     windows = gold(second)
     assert sorted(windows) == [w for w in hopping("10:05", "10:25") if expected(w)]
     for window, rows in windows.items():
-        assert {d: (r["readings"], r["avg_temp_c"]) for d, r in rows.items()} == expected(window), window
+        assert observed(rows) == expected(window), window
     assert all(r["device_id"] in ("d1", "d2") for rows in windows.values() for r in rows.values())
 
     # The ledger has one row per window; DQ validated them. Completeness counts every accepted reading,
@@ -196,19 +164,19 @@ def test_typed_fields_keep_their_types_and_bad_values_are_quarantined(spark: Spa
     land(home, "readings", "typed.jsonl", [
         reading(1, "d1", "10:00", 20.5),
         {**reading(2, "d1", "10:01", 21.0), "temp_c": "hot"},
-        {**reading(3, "d1", "10:02", 21.0), "seq": "three"},
-        {**reading(4, "d1", "10:03", 21.0), "seq": 7},
+        {**reading(3, "d1", "10:02", 21.0), "battery": "full"},
+        {**reading(4, "d1", "10:03", 21.0), "battery": 7},
         reading(5, "d1", "10:04", None),
     ], at("10:05"))
     settings = cycle(spark, home, "device_temps", at("10:06"))
     bronze = {r["reading_id"]: r for r in table(settings, "bronze/readings") if not r["is_heartbeat"]}
     assert sorted(bronze) == ["r1", "r4", "r5"]
-    assert bronze["r1"]["temp_c"] == 20.5 and bronze["r4"]["seq"] == 7 and bronze["r5"]["temp_c"] is None
+    assert bronze["r1"]["temp_c"] == 20.5 and bronze["r4"]["battery"] == 7 and bronze["r5"]["temp_c"] is None
     quarantine = table(settings, "quarantine/readings")
     quarantined = {r["raw"].split('"reading_id": "')[1].split('"')[0]: r for r in quarantine}
     assert {k: r["reason"] for k, r in quarantined.items()} == {"r2": "bad_type", "r3": "bad_type"}
     assert quarantined["r2"]["detail"] == "temp_c: hot is not a double"
-    assert quarantined["r3"]["detail"] == "seq: three is not a long"
+    assert quarantined["r3"]["detail"] == "battery: full is not a long"
 
 
 def test_a_shared_stream_is_ingested_once_and_every_pipeline_sees_every_record(
@@ -233,7 +201,7 @@ def test_a_shared_stream_is_ingested_once_and_every_pipeline_sees_every_record(
     temps = gold(last)
     assert sorted(temps) == [w for w in hopping("10:05", "10:25") if expected(w)]
     for window, rows in temps.items():
-        assert {d: (r["readings"], r["avg_temp_c"]) for d, r in rows.items()} == expected(window)
+        assert observed(rows) == expected(window)
     maxima = gold(last, "device_max")
     assert sorted(maxima) == [(at("09:45"), at("10:00")), (at("10:00"), at("10:15"))] or sorted(maxima) == [
         (at("10:00"), at("10:15"))]
