@@ -24,8 +24,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
-	# Airflow finds this repo's dags/ and plugins/ from any AIRFLOW_HOME (see sluice/airflow_defaults.py).
-	echo "import sluice.airflow_defaults" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_sluice_airflow.pth"
+	# Airflow finds this repo's dags/ and plugins/ from any AIRFLOW_HOME (see sluice/airflow/defaults.py).
+	echo "import sluice.airflow.defaults" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_sluice_airflow.pth"
 	touch $(STAMP)
 
 run: setup

@@ -385,7 +385,7 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path):
         from sluice.config import load_settings
-        from sluice.spark import spark_conf
+        from sluice.core.spark import spark_conf
 
         self.args = args
         self.work = work

@@ -16,8 +16,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
+from sluice.airflow.factory import DEFAULT_ARGS, SluiceSparkSubmitOperator, job, send_alerts_task
 from sluice.config import load_settings
-from sluice.orchestration import DEFAULT_ARGS, SluiceSparkSubmitOperator, job, send_alerts_task
 
 # The registered pipelines (definitions only, no Spark, no data) make the `pipeline` param's choices.
 PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
@@ -45,8 +45,8 @@ PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
 def sluice_backfill() -> None:
     @task(task_id="validate_params", retries=0)
     def validate(params: dict | None = None) -> str:  # type: ignore[type-arg]
-        from sluice.backfill import validate_request
         from sluice.config import load_settings
+        from sluice.streaming.backfill import validate_request
 
         assert params is not None
         request = validate_request(

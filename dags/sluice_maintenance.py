@@ -17,7 +17,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import dag, task
 
-from sluice.orchestration import DEFAULT_ARGS
+from sluice.airflow.factory import DEFAULT_ARGS
 
 
 @dag(
@@ -34,21 +34,21 @@ def sluice_maintenance() -> None:
     @task(task_id="compact")
     def compact_tables() -> dict[str, int]:
         from sluice.config import load_settings
-        from sluice.maintenance import compact
+        from sluice.storage.maintenance import compact
 
         return compact(load_settings())
 
     @task(task_id="vacuum")
     def vacuum_tables() -> dict[str, int]:
         from sluice.config import load_settings
-        from sluice.maintenance import vacuum
+        from sluice.storage.maintenance import vacuum
 
         return vacuum(load_settings())
 
     @task(task_id="clean_checkpoints")
     def clean() -> int:
         from sluice.config import load_settings
-        from sluice.maintenance import clean_checkpoints
+        from sluice.storage.maintenance import clean_checkpoints
 
         return clean_checkpoints(load_settings())
 

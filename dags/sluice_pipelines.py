@@ -8,8 +8,8 @@ A pipeline file that fails to load shows up as an import error naming that file;
 
 from __future__ import annotations
 
+from sluice.airflow.factory import pipeline_dags
 from sluice.config import load_settings
-from sluice.orchestration import pipeline_dags
 
 # Reads the pipeline definitions only (no Spark, no data): what a DAG factory needs to wire tasks.
 for _dag_id, _dag in pipeline_dags(load_settings().registry).items():

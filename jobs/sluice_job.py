@@ -6,7 +6,7 @@ Thin on purpose: the logic lives in the `sluice` package and is shared with the 
 
 import sys
 
-from sluice.cli import main
+from sluice.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

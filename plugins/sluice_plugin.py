@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from sluice.web import create_app
+from sluice.airflow.web import create_app
 
 
 class SluicePlugin(AirflowPlugin):

@@ -23,7 +23,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.spark import get_spark
+from sluice.core.spark import get_spark
 
 
 @pytest.fixture(scope="session")

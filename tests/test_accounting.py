@@ -17,8 +17,8 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.delta.engine import RsDeltaEngine
-from sluice.ingest import load_state, run_ingest
+from sluice.ingest.landing import load_state, run_ingest
+from sluice.storage.engine import RsDeltaEngine
 from sluice_tools.generate import GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark

@@ -14,9 +14,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from sluice.aggregate import CatchUp
 from sluice.config import Settings, load_settings
-from sluice.cycle import run_cycle
+from sluice.streaming.cycle import run_cycle
+from sluice.streaming.runner import CatchUp
 from sluice_tools.generate import GenerateOptions, generate
 
 pytestmark = pytest.mark.spark

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from airflow.sdk import Connection, TaskInstanceState
 
-from sluice.alerts import (
+from sluice.alerting.notifiers import (
     Alert,
     SluiceSmtpHook,
     SluiceWebhookNotifier,

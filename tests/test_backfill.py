@@ -26,9 +26,9 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
-from sluice.backfill import BackfillResult, run_backfill, validate_request
 from sluice.config import ConfigError, Settings, load_settings
-from sluice.cycle import run_cycle
+from sluice.streaming.backfill import BackfillResult, run_backfill, validate_request
+from sluice.streaming.cycle import run_cycle
 from sluice_tools.generate import GenerateOptions, generate
 
 START = datetime(2024, 5, 1, tzinfo=UTC)

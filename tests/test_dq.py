@@ -15,7 +15,7 @@ import pytest
 
 from sluice import checks
 from sluice.checks import Check
-from sluice.dq import ExpectationOutcome, OutputFrame, WindowValidation, WindowValidator
+from sluice.quality.validator import ExpectationOutcome, OutputFrame, WindowValidation, WindowValidator
 
 START = datetime(2024, 5, 1, 12, tzinfo=UTC)
 END = START + timedelta(hours=1)

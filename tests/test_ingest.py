@@ -12,8 +12,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.delta.engine import RsDeltaEngine
-from sluice.ingest import file_watermarks, load_state, run_ingest
+from sluice.ingest.landing import file_watermarks, load_state, run_ingest
+from sluice.storage.engine import RsDeltaEngine
 from support import lake
 from support.lake import table
 

@@ -13,8 +13,8 @@ import pytest
 
 from sluice import Output, Pipeline, Stream, checks
 from sluice.config import ConfigError, load_settings
-from sluice.errors import DefinitionError
-from sluice.registry import load_registry
+from sluice.core.errors import DefinitionError
+from sluice.core.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[1]
 

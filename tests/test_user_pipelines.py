@@ -16,10 +16,10 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from sluice.backfill import run_backfill
 from sluice.config import Settings, load_settings
-from sluice.ingest import load_state
-from sluice.ledger import read_ledger
+from sluice.ingest.landing import load_state
+from sluice.storage.ledger import read_ledger
+from sluice.streaming.backfill import run_backfill
 from support.lake import cycle, land, table
 from support.tutorial import write_tutorial
 

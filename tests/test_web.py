@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from sluice.web import create_app
+from sluice.airflow.web import create_app
 
 
 @pytest.fixture

@@ -13,16 +13,16 @@ __version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from sluice import checks
-    from sluice.api import Output, Pipeline, Stream
-    from sluice.windows import WindowSpec
+    from sluice.core.api import Output, Pipeline, Stream
+    from sluice.core.windows import WindowSpec
 
-# Resolved on first use: `import sluice.airflow_defaults` runs in every interpreter of the venv (a .pth
+# Resolved on first use: `import sluice.airflow.defaults` runs in every interpreter of the venv (a .pth
 # file), and must not pay for importing PySpark.
 _LAZY = {
-    "Output": "sluice.api",
-    "Pipeline": "sluice.api",
-    "Stream": "sluice.api",
-    "WindowSpec": "sluice.windows",
+    "Output": "sluice.core.api",
+    "Pipeline": "sluice.core.api",
+    "Stream": "sluice.core.api",
+    "WindowSpec": "sluice.core.windows",
 }
 
 

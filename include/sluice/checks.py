@@ -11,10 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sluice.errors import DefinitionError
+from sluice.core.errors import DefinitionError
 
 if TYPE_CHECKING:
-    from sluice.api import Stream
+    from sluice.core.api import Stream
 
 
 @dataclass(frozen=True)

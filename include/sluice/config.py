@@ -29,11 +29,11 @@ from typing import Any
 
 import yaml
 
-from sluice.errors import ConfigError
-from sluice.model import PipelineDef, StreamSpec
-from sluice.registry import Registry, default_pipelines_path, load_registry
-from sluice.timeutil import parse_duration, parse_timestamp
-from sluice.windows import WindowSpec
+from sluice.core.errors import ConfigError
+from sluice.core.model import PipelineDef, StreamSpec
+from sluice.core.registry import Registry, default_pipelines_path, load_registry
+from sluice.core.timeutil import parse_duration, parse_timestamp
+from sluice.core.windows import WindowSpec
 
 
 def _positive_int(value: object, key: str, minimum: int = 1) -> int:
@@ -71,6 +71,12 @@ class Settings:
     # backlog through stateful operators. 0 = always stream.
     catchup_min_windows: int = 6
     spark_master: str = "local[2]"
+    driver_memory: str = "2g"
+    # The Delta engine behind the one seam: rs (delta-rs), native (delta-spark jars) or auto (native when
+    # its classes are on the classpath).
+    delta_engine: str = "auto"
+    # sluice_maintenance's vacuum keeps unreferenced files this long (never less than a day).
+    vacuum_retention_hours: int = 168
     # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
     lateness_threshold: float = 0.01
     # Overrides of the definitions' time semantics: stream -> {watermark_delay|early_tolerance|idle_timeout}
@@ -161,8 +167,13 @@ _GLOBAL_KEYS = (
     "shuffle_partitions",
     "catchup_min_windows",
     "spark_master",
+    "driver_memory",
+    "delta_engine",
+    "vacuum_retention_hours",
     "lateness_threshold",
 )
+DELTA_ENGINES = ("rs", "native", "auto")
+MIN_RETENTION_HOURS = 24
 
 
 def _env_name(name: str) -> str:
@@ -244,8 +255,26 @@ def load_settings(
                 f"lateness_threshold: {values['lateness_threshold']!r} must be a share between 0 and 1 (0.01 = 1%)"
             )
         typed["lateness_threshold"] = threshold
-    if "spark_master" in values:
-        typed["spark_master"] = str(values["spark_master"])
+    for key in ("spark_master", "driver_memory"):
+        if key in values:
+            typed[key] = str(values[key])
+    if "delta_engine" in values:
+        engine = str(values["delta_engine"]).lower()
+        if engine not in DELTA_ENGINES:
+            raise ConfigError(f"SLUICE_DELTA_ENGINE={values['delta_engine']!r}; allowed: {', '.join(DELTA_ENGINES)}")
+        typed["delta_engine"] = engine
+    if "vacuum_retention_hours" in values:
+        raw_hours = values["vacuum_retention_hours"]
+        try:
+            hours = int(str(raw_hours))
+        except ValueError:
+            raise ConfigError(f"SLUICE_VACUUM_RETENTION_HOURS: {raw_hours!r} is not a whole number of hours") from None
+        if hours < MIN_RETENTION_HOURS:
+            raise ConfigError(
+                f"SLUICE_VACUUM_RETENTION_HOURS: {hours} is unsafe; use >= {MIN_RETENTION_HOURS} so running readers "
+                "and retried writes never lose files"
+            )
+        typed["vacuum_retention_hours"] = hours
 
     windows: dict[str, tuple[timedelta, timedelta | None]] = {}
     yaml_pipelines = raw.get("pipelines") or {}

@@ -81,7 +81,7 @@ def test_pipeline_dags_come_from_one_factory_file(dagbag: Any) -> None:
 
 
 def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
-    from sluice.orchestration import SluiceSparkSubmitOperator
+    from sluice.airflow.factory import SluiceSparkSubmitOperator
 
     spark_tasks = [t for dag in dagbag.dags.values() for t in dag.tasks if isinstance(t, SluiceSparkSubmitOperator)]
     assert len(spark_tasks) == 2 * len(PIPELINES) + 1

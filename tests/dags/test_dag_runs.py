@@ -263,7 +263,7 @@ def test_failing_windows_alert_through_webhook_and_smtp(
     assert dq_failed == failed
 
     # Delivered exactly once: nothing is left pending for a re-run of the alert step.
-    from sluice.quality import deliver_pending_alerts
+    from sluice.quality.checker import deliver_pending_alerts
 
     assert deliver_pending_alerts(sluice_home.settings, "user_activity_hourly") == []
     assert len(webhook.requests) == len(failed)

@@ -35,9 +35,9 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice import tables
 from sluice.config import Settings
-from sluice.delta.engine import RsDeltaEngine, get_engine
+from sluice.storage import tables
+from sluice.storage.engine import RsDeltaEngine, get_engine
 
 pytestmark = pytest.mark.spark
 
@@ -199,8 +199,8 @@ _CHILD = textwrap.dedent(
     from pyspark.sql.types import StructType
 
     from sluice.config import load_settings
-    from sluice.delta.engine import RsDeltaEngine
-    from sluice.spark import get_spark
+    from sluice.storage.engine import RsDeltaEngine
+    from sluice.core.spark import get_spark
 
     home, table, mode, out, app_id, version = sys.argv[1:7]
     spark = get_spark(load_settings({{}}, home=Path(home)), master="local[1]")

@@ -28,7 +28,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.delta.stream_source import (
+from sluice.storage.stream_source import (
     DeltaDataSource,
     DeltaStreamReader,
     files_between,

@@ -23,9 +23,9 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.config import load_settings as _load_settings
-from sluice.cycle import run_cycle
-from sluice.ingest import load_state
-from sluice.ledger import LedgerRow, read_ledger
+from sluice.ingest.landing import load_state
+from sluice.storage.ledger import LedgerRow, read_ledger
+from sluice.streaming.cycle import run_cycle
 from sluice_tools.generate import GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark

@@ -41,7 +41,7 @@ def table(settings: Settings, name: str) -> list[dict[str, Any]]:
 
 def cycle(spark: SparkSession, settings: Settings, pipeline: str, now: datetime, *, quality: bool = False) -> Settings:
     """One product cycle of ``pipeline`` at ``now`` (ingest, aggregate, and optionally data quality)."""
-    from sluice.cycle import run_cycle
+    from sluice.streaming.cycle import run_cycle
 
     at_now = replace(settings, now_override=now)
     run_cycle(at_now, pipeline, spark=spark, check_quality=quality, deliver_alerts=False)

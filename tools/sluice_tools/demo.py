@@ -22,12 +22,12 @@ from pathlib import Path
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from sluice import tables
+from sluice.cli.report import accounting_table, render_table
+from sluice.cli.status import ledger_summary
 from sluice.config import Settings
-from sluice.ledger import read_ledger
-from sluice.quality import docs_dir
-from sluice.report import accounting_table, render_table
-from sluice.status import ledger_summary
+from sluice.quality.checker import docs_dir
+from sluice.storage import tables
+from sluice.storage.ledger import read_ledger
 
 log = logging.getLogger("sluice.demo")
 

@@ -9,10 +9,10 @@ from datetime import datetime
 import pyarrow as pa
 from deltalake import DeltaTable
 
-from sluice import tables
+from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import Settings
-from sluice.ledger import WINDOW_LEDGER, read_ledger
-from sluice.report import accounting_table, fmt_ts, render_table, table_rows
+from sluice.storage import tables
+from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
 
 
 def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:

@@ -62,7 +62,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sluice.cycle import run_cycle
+    from sluice.streaming.cycle import run_cycle
 
     settings = _settings(args)
     result = run_cycle(
@@ -73,7 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from sluice.cycle import run_quality
+    from sluice.streaming.cycle import run_quality
 
     report = run_quality(_settings(args), args.pipeline, deliver_alerts=not args.no_deliver)
     print(f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
@@ -85,22 +85,22 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
-    from sluice.delta.engine import get_engine
-    from sluice.ingest import run_ingest
-    from sluice.report import accounting_table
-    from sluice.spark import get_spark
+    from sluice.cli.report import accounting_table
+    from sluice.core.spark import get_spark
+    from sluice.ingest.landing import run_ingest
+    from sluice.storage.engine import get_engine
 
     settings = _settings(args)
     for stream in args.streams:
         settings.stream(stream)  # unknown names fail before the JVM starts
     spark = get_spark(settings, "sluice-ingest")
-    run_ingest(spark, settings, get_engine(spark), args.streams)
+    run_ingest(spark, settings, get_engine(spark, settings.delta_engine), args.streams)
     print(accounting_table(settings, args.streams))
     return EXIT_OK
 
 
 def cmd_backfill(args: argparse.Namespace) -> int:
-    from sluice.backfill import run_backfill
+    from sluice.streaming.backfill import run_backfill
 
     settings = _settings(args)
     result = run_backfill(
@@ -112,7 +112,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from sluice.status import render_status
+    from sluice.cli.status import render_status
 
     print(render_status(_settings(args)))
     return EXIT_OK
@@ -126,7 +126,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:
-    from sluice.describe import describe_registry
+    from sluice.cli.describe import describe_registry
 
     settings = _settings(args)
     print(describe_registry(settings))
@@ -134,7 +134,7 @@ def cmd_pipelines(args: argparse.Namespace) -> int:
 
 
 def cmd_new_pipeline(args: argparse.Namespace) -> int:
-    from sluice.scaffold import scaffold
+    from sluice.cli.scaffold import scaffold
 
     settings = _settings(args)
     created = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None)

@@ -22,13 +22,13 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from sluice.checks import Check
-from sluice.errors import DefinitionError
-from sluice.timeutil import parse_duration
+from sluice.core.errors import DefinitionError
+from sluice.core.timeutil import parse_duration
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
 
-    from sluice.windows import WindowSpec
+    from sluice.core.windows import WindowSpec
 
 FIELD_TYPES = ("string", "long", "double", "boolean", "timestamp")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")

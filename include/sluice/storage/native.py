@@ -2,7 +2,7 @@
 
 Used where the Delta jars are on the Spark classpath (the docker-compose Spark image sets
 ``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``). Same contract as
-:class:`sluice.delta.engine.RsDeltaEngine`: idempotent commits keyed by Delta app transactions
+:class:`sluice.storage.engine.RsDeltaEngine`: idempotent commits keyed by Delta app transactions
 (``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in ``userMetadata``,
 atomic range replacement with ``replaceWhere``.
 
@@ -22,7 +22,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sluice.delta.engine import PartitionPredicate, RsDeltaEngine, merged_rows
+from sluice.storage.engine import PartitionPredicate, RsDeltaEngine, merged_rows
 
 
 class NativeDeltaEngine:

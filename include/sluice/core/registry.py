@@ -19,13 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 
-from sluice.api import Pipeline, Stream
-from sluice.errors import ConfigError
-from sluice.model import PipelineDef, StreamSpec
+from sluice.core.api import Pipeline, Stream
+from sluice.core.errors import ConfigError
+from sluice.core.model import PipelineDef, StreamSpec
 
 log = logging.getLogger("sluice.registry")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
 def default_pipelines_path() -> Path:

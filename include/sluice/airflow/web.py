@@ -19,13 +19,13 @@ def create_app() -> FastAPI:
 
     @app.get("/status", response_class=PlainTextResponse)
     def status() -> str:
-        from sluice.status import render_status
+        from sluice.cli.status import render_status
 
         return render_status(load_settings())
 
     @app.get("/docs/{path:path}")
     def docs(path: str) -> FileResponse:
-        from sluice.quality import docs_dir
+        from sluice.quality.checker import docs_dir
 
         root = docs_dir(load_settings()).resolve()
         target = (root / (path or "index.html")).resolve()

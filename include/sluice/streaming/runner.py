@@ -50,14 +50,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructField, StructType
 
-from sluice import tables
 from sluice.config import Settings
-from sluice.delta.engine import DeltaEngine
-from sluice.ingest import load_state
-from sluice.ledger import WINDOW_LEDGER, LedgerRow, late_counts, next_version, read_ledger, write_ledger
-from sluice.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
-from sluice.spark import collected_utc
-from sluice.windows import WindowSpec, spark_interval
+from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
+from sluice.core.spark import collected_utc
+from sluice.core.windows import WindowSpec, spark_interval
+from sluice.ingest.landing import load_state
+from sluice.storage import tables
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, late_counts, next_version, read_ledger, write_ledger
 
 log = logging.getLogger("sluice.aggregate")
 

@@ -18,15 +18,15 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.aggregate import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 from sluice.config import ConfigError, Settings, parse_timestamp
-from sluice.delta.engine import DeltaEngine, get_engine
-from sluice.dq import warm_up
-from sluice.ledger import LedgerRow, next_version, read_ledger, write_ledger
-from sluice.locks import pipeline_lock
-from sluice.model import PipelineDef
-from sluice.quality import QualityChecker, QualityReport
-from sluice.spark import get_spark
+from sluice.core.locks import pipeline_lock
+from sluice.core.model import PipelineDef
+from sluice.core.spark import get_spark
+from sluice.quality.checker import QualityChecker, QualityReport
+from sluice.quality.validator import warm_up
+from sluice.storage.engine import DeltaEngine, get_engine
+from sluice.storage.ledger import LedgerRow, next_version, read_ledger, write_ledger
+from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 
 log = logging.getLogger("sluice.backfill")
 
@@ -187,4 +187,4 @@ def run_backfill(
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
     with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
-        return Backfill(spark, settings, get_engine(spark), request, deliver_alerts).run()
+        return Backfill(spark, settings, get_engine(spark, settings.delta_engine), request, deliver_alerts).run()

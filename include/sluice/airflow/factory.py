@@ -25,12 +25,12 @@ from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOpe
 from airflow.sdk import DAG, Asset
 from airflow.timetables.simple import NullTimetable
 
-from sluice.model import PipelineDef
-from sluice.registry import Registry
+from sluice.core.model import PipelineDef
+from sluice.core.registry import Registry
 
 log = logging.getLogger("sluice.orchestration")
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 JOBS_DIR = REPO_ROOT / "jobs"
 SPARK_CONN_ID = "spark_default"
 LOCAL_MASTER = "local[*]"
@@ -116,7 +116,7 @@ def send_alerts_task(pipeline: Any) -> Any:
         from airflow.sdk.exceptions import AirflowFailException
 
         from sluice.config import load_settings
-        from sluice.quality import deliver_pending_alerts
+        from sluice.quality.checker import deliver_pending_alerts
 
         sent = deliver_pending_alerts(load_settings(), pipeline_name)
         for message in sent:

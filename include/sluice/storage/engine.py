@@ -6,7 +6,7 @@ Everything in sluice reads and writes Delta through :class:`DeltaEngine`. Two im
   staging directory inside the table; the driver moves the files into place and commits them in one
   Delta transaction with ``DeltaTable.create_write_transaction``. No JVM jars are needed, which is what
   makes sluice run on machines that cannot reach Maven.
-* :class:`sluice.delta.native.NativeDeltaEngine`: the delta-spark connector, used wherever its jars are on
+* :class:`sluice.storage.native.NativeDeltaEngine`: the delta-spark connector, used wherever its jars are on
   the classpath (the docker-compose images). Selected by ``SLUICE_DELTA_ENGINE=native`` or automatically.
 
 Exactly-once: every commit carries a Delta *app transaction* ``(app_id, version)``. A writer that is
@@ -423,7 +423,7 @@ class RsDeltaEngine:
     def read_stream(
         self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
     ) -> DataFrame:
-        from sluice.delta.stream_source import register
+        from sluice.storage.stream_source import register
 
         register(self.spark)
         reader = self.spark.readStream.format("sluice_delta").option("path", str(path))
@@ -476,17 +476,22 @@ def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str |
     return values
 
 
-def get_engine(spark: SparkSession) -> DeltaEngine:
-    """Pick the engine: ``SLUICE_DELTA_ENGINE`` = ``rs`` | ``native`` | ``auto`` (default).
+def get_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
+    """Pick the engine: ``choice`` (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``) is
+    ``rs`` | ``native`` | ``auto`` (default).
 
     ``auto`` uses the native delta-spark connector when its classes are on the JVM classpath (the
     docker-compose Spark image) and delta-rs otherwise.
     """
-    choice = os.environ.get("SLUICE_DELTA_ENGINE", "auto").lower()
+    if choice is None:
+        from sluice.config import load_settings
+
+        choice = load_settings().delta_engine
+    choice = choice.lower()
     if choice not in {"rs", "native", "auto"}:
         raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native, auto")
     if choice == "native" or (choice == "auto" and _native_available(spark)):
-        from sluice.delta.native import NativeDeltaEngine
+        from sluice.storage.native import NativeDeltaEngine
 
         return NativeDeltaEngine(spark)
     return RsDeltaEngine(spark)

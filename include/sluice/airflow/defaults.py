@@ -9,7 +9,7 @@ or airflow.cfg value given through the environment always wins. Must stay import
 import os
 from pathlib import Path
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]
 
 if (_REPO / "dags").is_dir():
     os.environ.setdefault("AIRFLOW__CORE__DAGS_FOLDER", str(_REPO / "dags"))

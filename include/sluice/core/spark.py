@@ -69,5 +69,5 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # into table directories.
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.sql.sources.partitionOverwriteMode": "static",
-        "spark.driver.memory": os.environ.get("SLUICE_DRIVER_MEMORY", "2g"),
+        "spark.driver.memory": settings.driver_memory,
     }

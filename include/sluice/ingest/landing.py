@@ -42,12 +42,12 @@ from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from sluice import tables
 from sluice.config import Settings
-from sluice.delta.engine import DeltaEngine, read_small_table
-from sluice.model import EVENT_TIME, StreamSpec
-from sluice.spark import collected_utc
-from sluice.tables import HEARTBEAT_PREFIX
+from sluice.core.model import EVENT_TIME, StreamSpec
+from sluice.core.spark import collected_utc
+from sluice.storage import tables
+from sluice.storage.engine import DeltaEngine, read_small_table
+from sluice.storage.tables import HEARTBEAT_PREFIX
 
 log = logging.getLogger("sluice.ingest")
 
@@ -632,7 +632,7 @@ def run_ingest(
     is ingested under its own lock: a stream shared by several pipelines is never ingested by two
     processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
     pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record)."""
-    from sluice.locks import stream_lock
+    from sluice.core.locks import stream_lock
 
     out = {}
     for name in streams:

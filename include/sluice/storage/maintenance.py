@@ -7,7 +7,6 @@ cycle or a backfill.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import time
 from collections.abc import Iterator
@@ -16,27 +15,10 @@ from pathlib import Path
 
 from deltalake import DeltaTable
 
-from sluice.config import ConfigError, Settings
-from sluice.locks import pipeline_lock
+from sluice.config import Settings
+from sluice.core.locks import pipeline_lock
 
 log = logging.getLogger("sluice.maintenance")
-
-MIN_RETENTION_HOURS = 24
-
-
-def retention_hours() -> int:
-    raw = os.environ.get("SLUICE_VACUUM_RETENTION_HOURS", "168")
-    try:
-        hours = int(raw)
-    except ValueError:
-        raise ConfigError(f"SLUICE_VACUUM_RETENTION_HOURS: {raw!r} is not a whole number of hours") from None
-    if hours < MIN_RETENTION_HOURS:
-        raise ConfigError(
-            f"SLUICE_VACUUM_RETENTION_HOURS: {hours} is unsafe; use >= {MIN_RETENTION_HOURS} so running readers "
-            "and retried writes never lose files"
-        )
-    return hours
-
 
 def delta_tables(settings: Settings) -> Iterator[Path]:
     for log_dir in sorted(settings.lake.glob("**/_delta_log")):
@@ -65,7 +47,7 @@ def compact(settings: Settings) -> dict[str, int]:
 
 def vacuum(settings: Settings) -> dict[str, int]:
     """Delete unreferenced files older than the retention; returns files deleted per table."""
-    hours = retention_hours()
+    hours = settings.vacuum_retention_hours
     out = {}
     with _all_locks(settings):
         for path in delta_tables(settings):

@@ -11,8 +11,8 @@ from datetime import timedelta
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
-from sluice.errors import ConfigError
-from sluice.timeutil import parse_duration
+from sluice.core.errors import ConfigError
+from sluice.core.timeutil import parse_duration
 
 
 def spark_interval(value: timedelta) -> str:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from sluice.checks import Check
-from sluice.windows import WindowSpec
+from sluice.core.windows import WindowSpec
 
 if TYPE_CHECKING:
-    from sluice.api import Build, Pipeline, Stream
+    from sluice.core.api import Build, Pipeline, Stream
 
 EVENT_TIME = "event_time"  # the internal name of every stream's event-time column
 

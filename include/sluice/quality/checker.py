@@ -19,13 +19,13 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice import tables
 from sluice.checks import Completeness
 from sluice.config import Settings
-from sluice.delta.engine import DeltaEngine
-from sluice.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
-from sluice.model import EVENT_TIME, OutputDef, PipelineDef
-from sluice.spark import collected_utc
+from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
+from sluice.core.spark import collected_utc
+from sluice.storage import tables
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
 
 log = logging.getLogger("sluice.quality")
 
@@ -93,8 +93,8 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
     (no Spark): this runs in the Airflow worker. Returns the messages delivered."""
     from deltalake import DeltaTable
 
-    from sluice.alerts import Alert, send_alert
-    from sluice.delta.engine import read_small_table
+    from sluice.alerting.notifiers import Alert, send_alert
+    from sluice.storage.engine import read_small_table
 
     path = tables.ALERTS.path(settings)
     data = read_small_table(path)
@@ -156,7 +156,7 @@ class QualityChecker:
         if not windows:
             return report
         # Imported only when there is something to validate: GE takes seconds to import.
-        from sluice.dq import WindowValidator
+        from sluice.quality.validator import WindowValidator
 
         for table in (tables.DQ_RESULTS, tables.ALERTS):
             self.engine.ensure_table(table.path(self.settings), table.schema)
@@ -168,7 +168,7 @@ class QualityChecker:
             window_seconds=int(self.pipeline.window.size.total_seconds()),
         )
         from sluice.checks import Between, NotNull
-        from sluice.dq import OutputFrame
+        from sluice.quality.validator import OutputFrame
 
         results = []
         for window in windows:
@@ -247,7 +247,7 @@ class QualityChecker:
 
     # -- outputs --------------------------------------------------------------------------------------
     def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:
-        from sluice.alerts import Alert, send_alert
+        from sluice.alerting.notifiers import Alert, send_alert
 
         now = self.settings.now()
         name = self.pipeline.name

@@ -20,9 +20,9 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.config import Settings
-from sluice.delta.engine import DeltaEngine, read_small_table
-from sluice.spark import collected_utc
-from sluice.tables import TableDef
+from sluice.core.spark import collected_utc
+from sluice.storage.engine import DeltaEngine, read_small_table
+from sluice.storage.tables import TableDef
 
 WINDOW_LEDGER = TableDef(
     "ops/window_ledger",

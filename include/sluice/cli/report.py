@@ -11,7 +11,7 @@ import pyarrow as pa
 from deltalake import DeltaTable
 
 from sluice.config import Settings
-from sluice.ingest import load_state
+from sluice.ingest.landing import load_state
 
 
 def fmt_ts(value: datetime | None) -> str:

@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.model import StreamSpec
+from sluice.core.model import StreamSpec
 
 if TYPE_CHECKING:
     from sluice.config import Settings

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from sluice.errors import ConfigError
+from sluice.core.errors import ConfigError
 
 PIPELINE_TEMPLATE = '''"""{name}: describe what this pipeline computes, for the DAG's documentation."""
 

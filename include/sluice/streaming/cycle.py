@@ -11,15 +11,15 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
-from sluice.aggregate import AggregateResult, run_pipeline
+from sluice.cli.report import accounting_table
 from sluice.config import Settings
-from sluice.delta.engine import get_engine
-from sluice.dq import warm_up
-from sluice.ingest import BatchRow, run_ingest
-from sluice.locks import pipeline_lock
-from sluice.quality import QualityChecker, QualityReport
-from sluice.report import accounting_table
-from sluice.spark import get_spark
+from sluice.core.locks import pipeline_lock
+from sluice.core.spark import get_spark
+from sluice.ingest.landing import BatchRow, run_ingest
+from sluice.quality.checker import QualityChecker, QualityReport
+from sluice.quality.validator import warm_up
+from sluice.storage.engine import get_engine
+from sluice.streaming.runner import AggregateResult, run_pipeline
 
 log = logging.getLogger("sluice.cycle")
 
@@ -72,7 +72,7 @@ def run_cycle(
     streams = definition.streams
     started = time.monotonic()
     spark = spark or get_spark(settings, f"sluice-{pipeline}")
-    engine = get_engine(spark)
+    engine = get_engine(spark, settings.delta_engine)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
@@ -100,4 +100,5 @@ def run_quality(
     definition = settings.pipeline(pipeline)
     spark = spark or get_spark(settings, f"sluice-dq-{pipeline}")
     with pipeline_lock(settings, pipeline, purpose="data quality"):
-        return QualityChecker(spark, settings, get_engine(spark), definition).check(deliver=deliver_alerts)
+        engine = get_engine(spark, settings.delta_engine)
+        return QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)

@@ -1,0 +1,1 @@
+"""Alerts through Airflow notifiers: webhook and email."""

@@ -1,0 +1,1 @@
+"""Bronze -> gold: the streaming queries and the closing rule (runner), full cycles, backfills."""
