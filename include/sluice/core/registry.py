@@ -90,6 +90,10 @@ def _import(path: Path) -> ModuleType:
     except BaseException:
         sys.modules.pop(name, None)
         raise
+    # Python workers cannot import this module by name: a UDF defined in a pipeline file must travel by value.
+    from pyspark import cloudpickle
+
+    cloudpickle.register_pickle_by_value(module)
     return module
 
 
