@@ -2,7 +2,7 @@
 ### sluice pipelines
 
 One Airflow DAG per pipeline registered in the pipelines folder (`SLUICE_PIPELINES`, default `pipelines/`), built by
-`sluice.orchestration.pipeline_dags`: dag_id = the pipeline's name, its schedule, one Asset per gold table.
+`sluice.airflow.factory.pipeline_dags`: dag_id = the pipeline's name, its schedule, one Asset per gold table.
 A pipeline file that fails to load shows up as an import error naming that file; the other DAGs still load.
 """
 

@@ -3,6 +3,7 @@ file, so that one broken file names itself and its problem without hiding the ot
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -223,3 +224,25 @@ def test_new_pipeline_scaffolds_a_file_that_registers(tmp_path: Path) -> None:
         capture_output=True, text=True, check=False, timeout=120,
     )
     assert again.returncode == 1 and "already exists" in again.stderr
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_scaffolded_pipeline_runs_through_the_cli_with_its_own_test(tmp_path: Path) -> None:
+    """`sluice new-pipeline` gives a team a pipeline and a test; that test (which runs `sluice run` on the
+    team's folder through SLUICE_PIPELINES, with no sluice file changed) passes as generated."""
+    project = tmp_path / "team"
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    env.pop("SLUICE_HOME", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "--pipelines", str(project / "pipelines"), "new-pipeline", "page_views",
+         "--tests", str(project / "tests")], capture_output=True, text=True, check=False, timeout=120, env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(project / "tests")],
+        cwd=project, capture_output=True, text=True, check=False, timeout=800, env=env,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
+    assert "1 passed" in run.stdout

@@ -295,9 +295,10 @@ def load_settings(
         size = env.get(prefix + "SIZE", window_conf.get("size"))
         hop = env.get(prefix + "HOP", window_conf.get("hop"))
         if size is not None or hop is not None:
-            default_size = registry.pipelines[pipeline].window.size
-            size_td = parse_duration(size, f"pipelines.{pipeline}.window.size") if size else default_size
-            hop_td = parse_duration(hop, f"pipelines.{pipeline}.window.hop") if hop else None
+            declared = registry.pipelines[pipeline].window
+            size_td = parse_duration(size, f"pipelines.{pipeline}.window.size") if size else declared.size
+            # A size alone keeps the declared hop (if any): hopping windows stay hopping.
+            hop_td = parse_duration(hop, f"pipelines.{pipeline}.window.hop") if hop else declared.hop
             if size_td <= timedelta(0) or (hop_td is not None and hop_td <= timedelta(0)):
                 raise ConfigError(f"pipelines.{pipeline}.window: size and hop must be > 0")
             windows[pipeline] = (size_td, hop_td)

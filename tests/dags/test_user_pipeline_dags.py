@@ -95,7 +95,9 @@ def test_own_pipeline_runs_under_airflow_and_a_broken_file_names_itself(
             "include_late": False}
     run = backfill.test(logical_date=datetime(2025, 6, 1, 1, tzinfo=UTC), run_conf=conf)
     states = {ti.task_id: state(ti.state) for ti in run.get_task_instances()}
-    assert states["validate_params"] == "success" and states["backfill"] == "success", states
+    # [10:00, 10:15) fails its checks again: recorded, delivered by send_alerts, which fails the run.
+    assert states == {"validate_params": "success", "backfill": "success", "send_alerts": "failed"}, states
+    assert [datetime.fromisoformat(p["window_start"]) for p in webhook.posts()][3:] == [at(0)]
     assert sorted(map(str, rows(home, "gold/device_temps"))) == sorted(map(str, gold))
     reprocessed = {(r["window_start"], r["window_end"]) for r in rows(home, "ops/window_ledger")
                    if r["state"] == "reprocessed"}

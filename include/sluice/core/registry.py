@@ -1,7 +1,7 @@
 """Discovery of user pipelines: every ``*.py`` file not starting with ``_`` in the pipelines folder.
 
 The folder is ``SLUICE_PIPELINES`` (YAML key ``pipelines_path``), default ``pipelines/`` at the repo root.
-Each file is imported on its own; the :class:`~sluice.api.Pipeline` objects it defines at module level are
+Each file is imported on its own; the :class:`~sluice.core.api.Pipeline` objects it defines at module level are
 registered. A broken file (an import error, an invalid definition, a name clash, a stream declared twice
 differently) is recorded as a :class:`LoadError` naming the file and the problem, and never stops the
 other files from loading: ``sluice run other`` and the other pipelines' DAGs keep working.

@@ -138,7 +138,7 @@ class Backfill:
             computed = computed.filter(in_range).localCheckpoint()
             for r in computed.filter(~closed).select("window_start", "window_end").distinct().collect():
                 result.skipped_open.append((r[0].astimezone(UTC), r[1].astimezone(UTC)))
-            rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", output.key)
+            rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys)
             counts = {
                 (r[0].astimezone(UTC), r[1].astimezone(UTC)): int(r[2])
                 for r in rows.groupBy("window_start", "window_end").count().collect()

@@ -304,17 +304,35 @@ class PipelineRunner:
         first_end = epoch + timedelta(microseconds=k * slide_us + size_us)
         return first_end <= hi
 
-    def _written_windows(self, output: OutputDef, after: datetime | None) -> set[Window]:
-        """Windows of gold ending after ``after`` (metadata-sized: gold holds one row per window and key,
-        and its files are pruned by their window_end statistics)."""
+    def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
+        """Windows of gold ending after ``after``, with their row counts (metadata-sized: gold holds one row
+        per window and key, and its files are pruned by their window_end statistics)."""
         path = output.path(self.settings)
         if not DeltaTable.is_deltatable(str(path)):
-            return set()
+            return {}
         dataset = DeltaTable(str(path)).to_pyarrow_dataset()
         filt = None if after is None else pc.field("window_end") > pa.scalar(after, pa.timestamp("us", "UTC"))
         data = dataset.to_table(columns=["window_start", "window_end"], filter=filt)
-        return {(collected_utc(s), collected_utc(e)) for s, e in zip(
-            data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True)}
+        counts: dict[Window, int] = {}
+        for s, e in zip(data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True):
+            window = (collected_utc(s), collected_utc(e))
+            counts[window] = counts.get(window, 0) + 1
+        return counts
+
+    def _repair_ledger(self, written: dict[str, dict[Window, int]], boundary: datetime,
+                       watermark: datetime | None) -> None:
+        """Ledger rows for final windows that are in gold but not in the ledger: a batch close that crashed
+        between its gold commit and its ledger commit (its rerun finds the windows written already)."""
+        known = {(r.window_start, r.window_end) for r in read_ledger(self.settings, self.pipeline.name)}
+        for output in self.pipeline.outputs:
+            missing = {w: n for w, n in written[output.name].items() if w[1] <= boundary and w not in known}
+            if missing:
+                log.warning("%s: recording %d window(s) in the ledger after an interrupted batch close",
+                            output.name, len(missing))
+                app = f"sluice.ledger.repair.{output.name}"
+                self._record_closed(output, missing, watermark, app_id=app,
+                                    version=next_version(self.engine, WINDOW_LEDGER.path(self.settings), app))
+                known.update(missing)
 
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
@@ -326,10 +344,11 @@ class PipelineRunner:
             _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
             return
         written = {o.name: self._written_windows(o, after) for o in pipeline.outputs}
+        watermark = pipeline_watermark(self.settings, pipeline)
+        self._repair_ledger(written, boundary, watermark)
         started = time.monotonic()
         lo = after - pipeline.window.size - pipeline.lateness_bound if after is not None else None
         inputs = batch_inputs(self.settings, self.engine, pipeline, lo, boundary + pipeline.lateness_bound)
-        watermark = pipeline_watermark(self.settings, pipeline)
         closed_before = len(self.result.windows)
         for output in pipeline.outputs:
             final = F.col("window_end") <= F.lit(boundary)
