@@ -110,9 +110,10 @@ def test_generated_stream_matches_plain_spark_as_documented(spark: SparkSession,
     ours = sluice_side(spark, settings)
     assert ours["dlq"] and ours["duplicates"], "the data must hold late and duplicate records"
     extra = check_relationship(spark_counted, spark_marks, ours)
-    # What Spark counted beyond sluice are late records whose window was still open for Spark: sluice has
-    # every one of them in its DLQ, with the watermark it missed.
-    assert extra <= ours["dlq"]
+    # What Spark counted beyond sluice: late records whose window was still open for Spark (sluice has them
+    # in its DLQ, with the watermark they missed), and records sluice quarantined for a missing required
+    # field (user_id), which this plain job does not check.
+    assert extra <= ours["dlq"] | ours["quarantined"]
 
 
 def test_the_readme_worked_example(spark: SparkSession, tmp_path: Path) -> None:
