@@ -207,3 +207,39 @@ def test_a_shared_stream_is_ingested_once_and_every_pipeline_sees_every_record(
         (at("10:00"), at("10:15"))]
     rows = maxima[(at("10:00"), at("10:15"))]
     assert {d: (r["readings"], r["max_temp_c"]) for d, r in rows.items()} == {"d1": (4, 26.0), "d2": (3, 31.0)}
+
+
+RENAMED = '''
+from pyspark.sql import functions as F
+from sluice import Output, Pipeline, Stream, checks
+
+orders = Stream(name="orders", fields={"order_no": "long", "shop": "string", "paid": "boolean", "ts": "timestamp"},
+                id="order_no", event_time="ts", watermark_delay="1m")
+
+def per_shop(inputs, window):
+    o = inputs["orders"]
+    return (o.groupBy(window.column("ts"), "shop")
+             .agg(F.count("*").alias("orders"), F.sum(F.col("paid").cast("long")).alias("paid")))
+
+pipeline = Pipeline(name="shop_orders", streams=[orders], window="30m", outputs=[
+    Output("shop_orders", per_shop, key="shop", checks=[checks.completeness("orders", stream="orders")])])
+'''
+
+
+def test_another_event_time_field_and_numeric_ids(spark: SparkSession, tmp_path: Path) -> None:
+    folder = tmp_path / "shop-pipelines"
+    folder.mkdir()
+    (folder / "shop_orders.py").write_text(textwrap.dedent(RENAMED))
+    settings = load_settings({"SLUICE_PIPELINES": str(folder)}, home=tmp_path / "home")
+    assert settings.registry.errors == []
+    orders = [{"order_no": n, "shop": shop, "paid": n % 2 == 0, "ts": f"2024-05-01T10:{m:02d}:00Z"}
+              for n, shop, m in [(1, "s1", 0), (2, "s1", 5), (3, "s2", 10), (4, "s1", 40)]]
+    land(settings, "orders", "o1.jsonl", [*orders, orders[0], {"order_no": 5, "shop": "s1", "paid": "yes",
+                                                            "ts": "2024-05-01T10:41:00Z"}], at("10:45"))
+    done = cycle(spark, settings, "shop_orders", at("12:00"), quality=True)
+    gold = {(r["window_start"], r["shop"]): (r["orders"], r["paid"]) for r in table(done, "gold/shop_orders")}
+    assert gold == {(at("10:00"), "s1"): (2, 1), (at("10:00"), "s2"): (1, 0), (at("10:30"), "s1"): (1, 1)}
+    bronze = [r for r in table(done, "bronze/orders") if not r["is_heartbeat"]]
+    assert sorted(r["order_no"] for r in bronze) == [1, 2, 3, 4]  # a long id, deduplicated
+    assert {r["reason"] for r in table(done, "quarantine/orders")} == {"bad_type"}  # "yes" is not a boolean
+    assert {r.state for r in read_ledger(done, "shop_orders")} == {"validated"}
