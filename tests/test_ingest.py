@@ -77,6 +77,20 @@ def test_each_quarantine_reason(spark: SparkSession, settings: Settings) -> None
     assert {r["impression_id"] for r in table(settings, "bronze/impressions")} == {"ok", "e_ok"}
 
 
+def test_rfc3339_lower_case_separators_and_offsets_are_accepted(spark: SparkSession, settings: Settings) -> None:
+    """RFC 3339 allows 't' and 'z'; offsets are normalised to UTC; a zoneless time is still bad_timestamp."""
+    lines = [
+        json.dumps({"impression_id": "lower", "ad_id": "a1", "event_time": "2024-05-01t10:01:00z"}),
+        json.dumps({"impression_id": "offset", "ad_id": "a1", "event_time": "2024-05-01T12:02:00+02:00"}),
+        json.dumps({"impression_id": "nozone", "ad_id": "a1", "event_time": "2024-05-01T10:03:00"}),
+    ]
+    land(settings, "impressions", "f1.jsonl", lines, arrival_minutes=5)
+    ingest(spark, settings, 6)
+    bronze = {r["impression_id"]: r["event_time"] for r in table(settings, "bronze/impressions")}
+    assert bronze == {"lower": ts(1), "offset": ts(2)}
+    assert [r["reason"] for r in table(settings, "quarantine/impressions")] == ["bad_timestamp"]
+
+
 def test_early_records_do_not_advance_the_watermark(spark: SparkSession, settings: Settings) -> None:
     land(settings, "impressions", "f1.jsonl", [imp("a", 0), imp("early", 300)], arrival_minutes=5)
     ingest(spark, settings, 6)
