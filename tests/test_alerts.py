@@ -250,7 +250,7 @@ def test_fresh_process_with_only_env_vars(tmp_path: Path, webhook: WebhookServer
     )
     script = (
         "from datetime import datetime, UTC\n"
-        "from sluice.alerts import Alert, send_alert\n"
+        "from sluice.alerting.notifiers import Alert, send_alert\n"
         "a = Alert('ad_clicks_hourly', datetime(2024, 5, 1, 10), datetime(2024, 5, 1, 11),\n"
         "          [{'expectation': 'validity:ctr', 'observed_value': '1.5'}], None, datetime.now(UTC))\n"
         "print(','.join(send_alert(a)))\n"
