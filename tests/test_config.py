@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.config import ConfigError, load_settings, parse_duration, parse_timestamp, pipeline_streams
+from sluice.config import ConfigError, load_settings, parse_duration, parse_timestamp
 
 
 def test_spec_defaults() -> None:
@@ -82,8 +82,8 @@ def test_yaml_errors_name_the_key(tmp_path: Path) -> None:
 
 def test_unknown_pipeline_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError, match="ad_clicks_hourly, user_activity_hourly"):
-        pipeline_streams(load_settings({}), "ad_clicks_daily")
-    assert pipeline_streams(load_settings({}), "ad_clicks_hourly") == ("impressions", "clicks")
+        load_settings({}).pipeline("ad_clicks_daily")
+    assert load_settings({}).pipeline("ad_clicks_hourly").streams == ("impressions", "clicks")
 
 
 def test_duration_and_timestamp_parsing() -> None:

@@ -8,7 +8,6 @@ Heartbeats never reach user code, and the last windows still close when the stre
 from __future__ import annotations
 
 import textwrap
-from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -183,7 +182,7 @@ def test_a_shared_stream_is_ingested_once_and_every_pipeline_sees_every_record(
     spark: SparkSession, home: Settings
 ) -> None:
     (home.pipelines_path / "device_max.py").write_text(textwrap.dedent(DEVICE_MAX))
-    home = replace(home)
+    home = load_settings({"SLUICE_PIPELINES": str(home.pipelines_path)}, home=home.home)
     assert sorted(home.registry.pipelines) == ["device_max", "device_temps"]
     land_files(home, FILES[:1])
     # device_temps' cycle ingests the first file; device_max's finds it already in bronze.

@@ -84,10 +84,17 @@ class Settings:
     stream_overrides: Mapping[str, Mapping[str, timedelta]] = field(default_factory=dict)
     windows: Mapping[str, tuple[timedelta, timedelta | None]] = field(default_factory=dict)
 
+    # The registry as loaded for these settings: one consistent view of the definitions for the whole run,
+    # instead of re-scanning the pipelines folder on every stream or pipeline lookup.
+    _registry: Registry | None = field(default=None, repr=False, compare=False)
+
     @property
     def registry(self) -> Registry:
-        """The pipelines and streams of the pipelines folder (imported once per process, per folder state)."""
-        return load_registry(self.pipelines_path)
+        """The pipelines and streams of the pipelines folder, loaded once for these settings."""
+        if self._registry is None:
+            object.__setattr__(self, "_registry", load_registry(self.pipelines_path))
+        assert self._registry is not None
+        return self._registry
 
     @property
     def streams(self) -> dict[str, StreamSpec]:
@@ -107,13 +114,6 @@ class Settings:
             size, hop = self.windows[name]
             definition = replace(definition, window=WindowSpec(size, hop))
         return definition
-
-    def window_for(self, pipeline: str) -> WindowSpec | None:
-        """The configured window of a pipeline, or None when its definition's window applies."""
-        if pipeline not in self.windows:
-            return None
-        size, hop = self.windows[pipeline]
-        return WindowSpec(size, hop)
 
     def now(self) -> datetime:
         """The injectable "now": ``SLUICE_NOW``/``--now`` if given, else the wall clock (UTC)."""
@@ -140,11 +140,6 @@ class Settings:
     @property
     def checkpoints(self) -> Path:
         return self.lake / "_checkpoints"
-
-
-def pipeline_streams(settings: Settings, pipeline: str) -> tuple[str, ...]:
-    """The streams of a pipeline, or a clear error listing the known pipelines."""
-    return settings.pipeline(pipeline).streams
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -315,6 +310,7 @@ def load_settings(
         lake=Path(lake).absolute(),
         now_override=parse_timestamp(now_value, "SLUICE_NOW") if now_value else None,
         pipelines_path=pipelines_path,
+        _registry=registry,
         stream_overrides=overrides,
         windows=windows,
         **typed,
@@ -328,5 +324,4 @@ __all__ = [
     "load_settings",
     "parse_duration",
     "parse_timestamp",
-    "pipeline_streams",
 ]

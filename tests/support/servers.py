@@ -58,6 +58,19 @@ class WebhookServer:
 
 
 @contextlib.contextmanager
+def _serving(server: socketserver.BaseServer) -> Iterator[None]:
+    """Serve ``server`` from a daemon thread; shut it down and close its socket on exit."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=SOCKET_TIMEOUT)
+
+
+@contextlib.contextmanager
 def serve_webhook() -> Iterator[WebhookServer]:
     """An HTTP server on 127.0.0.1 recording every request; its URL ends in ``/hook``."""
     state = WebhookServer(url="")
@@ -91,14 +104,8 @@ def serve_webhook() -> Iterator[WebhookServer]:
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
     state.url = f"http://127.0.0.1:{server.server_address[1]}/hook"
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with _serving(server):
         yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
 
 
 # -- smtp --------------------------------------------------------------------------------------------------
@@ -208,14 +215,8 @@ class SmtpServer(socketserver.ThreadingTCPServer):
 def serve_smtp() -> Iterator[SmtpServer]:
     """A running :class:`SmtpServer`, shut down on exit."""
     server = SmtpServer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with _serving(server):
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=SOCKET_TIMEOUT)
 
 
 # -- pytest fixtures ---------------------------------------------------------------------------------------

@@ -585,8 +585,8 @@ def _format_window_length(window_seconds: int) -> _Formatter:
 
 
 _BY_KIND: dict[str, _Formatter] = {
-    "expect_column_values_to_be_between": lambda parts, data: _format_between(parts, data),
-    "expect_column_values_to_not_be_null": lambda parts, data: _format_nulls(parts, data),
+    "expect_column_values_to_be_between": _format_between,
+    "expect_column_values_to_not_be_null": _format_nulls,
 }
 
 

@@ -337,14 +337,17 @@ class PipelineRunner:
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
         pipeline = self.pipeline
-        boundary = closing_boundary(self.settings, pipeline)
-        if boundary is None or (after is not None and boundary <= after):
+        # One read of the stored watermarks serves the boundary and the ledger rows.
+        watermark = pipeline_watermark(self.settings, pipeline)
+        if watermark is None:
+            return
+        boundary = watermark - pipeline.lateness_bound
+        if after is not None and boundary <= after:
             return
         if not self._window_ends(after, boundary):
             _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
             return
         written = {o.name: self._written_windows(o, after) for o in pipeline.outputs}
-        watermark = pipeline_watermark(self.settings, pipeline)
         self._repair_ledger(written, boundary, watermark)
         started = time.monotonic()
         lo = after - pipeline.window.size - pipeline.lateness_bound if after is not None else None
