@@ -13,6 +13,10 @@ Exactly-once: every commit carries a Delta *app transaction* ``(app_id, version)
 re-run for a version already committed (a retried micro-batch after a crash) finds
 ``transaction_version(app_id) >= version`` and commits nothing. Files written by a crashed attempt sit
 unreferenced in the table directory: invisible to every Delta reader, and removed by VACUUM.
+
+Concurrent writers: a commit that loses the race to another writer's commit (delta-rs raises
+``CommitFailedError``) is retried against the new snapshot, up to ``COMMIT_ATTEMPTS`` times; a retry whose
+app transaction the winner already committed stops there (see :meth:`RsDeltaEngine._write`).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from urllib.parse import quote, unquote
 import pyarrow as pa
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
+from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
@@ -41,6 +46,23 @@ log = logging.getLogger(__name__)
 
 PartitionValues = Mapping[str, Any]
 PartitionPredicate = Callable[[PartitionValues], bool]
+Actions = list[AddAction | RemoveAction]
+
+# Commits per write before giving up when other writers keep committing first, and the pause before the
+# n-th retry (COMMIT_BACKOFF_S * 2**(n-1): 0.05 s .. 1.6 s, 3.15 s in all). Deterministic on purpose: the
+# writers' own timing differs enough to break ties, and a fixed schedule keeps runs reproducible.
+COMMIT_ATTEMPTS = 7
+COMMIT_BACKOFF_S = 0.05
+
+
+class CommitConflictError(RuntimeError):
+    """Other writers committed first on every attempt; the write was not committed."""
+
+
+def commit_backoff(failed: int) -> None:
+    """Pause after the ``failed``-th lost attempt (1-based), unless it was the last one."""
+    if failed < COMMIT_ATTEMPTS:
+        time.sleep(COMMIT_BACKOFF_S * 2 ** (failed - 1))
 
 
 class DeltaEngine(Protocol):
@@ -135,14 +157,18 @@ def spark_schema(table: DeltaTable) -> StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
 
 
-def read_small_table(path: Path, columns: Sequence[str] | None = None) -> pa.Table | None:
+def read_small_table(
+    path: Path, columns: Sequence[str] | None = None, *, table: DeltaTable | None = None
+) -> pa.Table | None:
     """Read a small, unpartitioned sluice ops table (ledger, batch log) on the driver, without Spark.
 
     Plain ``pyarrow.parquet`` over the live files from the log: no Python-backed filesystem, so it is safe
-    to call from Spark's foreachBatch callback threads. Returns None when the table does not exist."""
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    table = DeltaTable(str(path))
+    to call from Spark's foreachBatch callback threads. Reads ``table``'s snapshot when given (the latest
+    otherwise). Returns None when the table does not exist."""
+    if table is None:
+        if not DeltaTable.is_deltatable(str(path)):
+            return None
+        table = DeltaTable(str(path))
     schema = pa.schema(table.schema().to_arrow())
     actions = pa.table(table.get_add_actions(flatten=False))
     files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
@@ -159,10 +185,11 @@ def merged_rows(
     *,
     drop: Callable[[Mapping[str, Any]], bool],
     order_by: Sequence[str],
+    table: DeltaTable | None = None,
 ) -> pa.Table:
-    """The current rows of a small table minus those ``drop`` selects, plus ``rows``, sorted by ``order_by``
-    (nulls first). Shared by both engines' ``replace_rows``."""
-    current = read_small_table(path)
+    """The current rows of a small table (of ``table``'s snapshot when given) minus those ``drop`` selects,
+    plus ``rows``, sorted by ``order_by`` (nulls first)."""
+    current = read_small_table(path, table=table)
     kept = [r for r in (current.to_pylist() if current is not None else []) if not drop(r)]
     added = [dict(zip(schema.names, r, strict=True)) for r in rows]
 
@@ -246,11 +273,12 @@ class RsDeltaEngine:
     def _commit(
         self,
         table: DeltaTable,
-        actions: list[AddAction | RemoveAction],
+        actions: Actions,
         *,
         app_id: str,
         version: int,
         metadata: Mapping[str, Any] | None,
+        rebase: bool,
     ) -> None:
         custom = {"sluice": json.dumps(dict(metadata or {}), default=str, sort_keys=True)}
         table.create_write_transaction(
@@ -259,9 +287,57 @@ class RsDeltaEngine:
             schema=table.schema(),
             partition_by=table.metadata().partition_columns or None,
             commit_properties=CommitProperties(
-                custom_metadata=custom, app_transactions=[Transaction(app_id, version)]
+                custom_metadata=custom,
+                app_transactions=[Transaction(app_id, version)],
+                # None: delta-rs's default, which moves a commit past newer versions its conflict checker
+                # accepts. 0: fail as soon as the table moved, whatever the other commit did.
+                max_commit_retries=None if rebase else 0,
             ),
         )
+
+    def _write(
+        self,
+        path: Path,
+        build: Callable[[DeltaTable], Actions],
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None,
+        rebase: bool = True,
+    ) -> bool:
+        """Commit ``build(snapshot)`` as app transaction ``(app_id, version)``, optimistically.
+
+        When another writer commits first and delta-rs refuses to move our commit past it (a file we read
+        or remove changed, the same app id committed, or ``rebase`` is off), the table is reloaded: if the
+        winner committed our app transaction, the write is done (False, as for any replay); otherwise
+        ``build`` runs again on the new snapshot and the commit is retried. Other errors propagate. Files a
+        lost attempt wrote stay unreferenced, like those of a crashed one."""
+        failed = 0
+        conflict: CommitFailedError | None = None
+        while True:
+            table = self._table(path)
+            if self._already(table, app_id, version, path):
+                return False
+            if failed == COMMIT_ATTEMPTS:
+                raise CommitConflictError(
+                    f"{path}: {app_id} version {version} not committed: another writer committed first "
+                    f"on all {COMMIT_ATTEMPTS} attempts"
+                ) from conflict
+            try:
+                self._commit(table, build(table), app_id=app_id, version=version, metadata=metadata,
+                             rebase=rebase)
+            except CommitFailedError as error:
+                # delta-rs reports conflicts and some I/O failures with the same class; only a newer table
+                # version proves that another writer got in first.
+                if self._table(path).version() == table.version():
+                    raise
+                conflict, failed = error, failed + 1
+                log.warning("%s: commit of %s version %s lost to a concurrent writer (%d/%d): %s",
+                            path.name, app_id, version, failed, COMMIT_ATTEMPTS, error)
+                commit_backoff(failed)
+                continue
+            _maybe_kill(path)
+            return True
 
     def _already(self, table: DeltaTable, app_id: str, version: int, path: Path) -> bool:
         done = table.transaction_version(app_id)
@@ -282,10 +358,10 @@ class RsDeltaEngine:
         table = self._table(path)
         if self._already(table, app_id, version, path):
             return False
-        actions: list[AddAction | RemoveAction] = list(self._stage(df, path, table))
-        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
-        _maybe_kill(path)
-        return True
+        # An append reads nothing, so its files stay valid on any later snapshot: staged once, and a retry
+        # only commits them again.
+        actions: Actions = list(self._stage(df, path, table))
+        return self._write(path, lambda _table: actions, app_id=app_id, version=version, metadata=metadata)
 
     def append_rows(
         self,
@@ -306,7 +382,7 @@ class RsDeltaEngine:
         for i, values in enumerate(zip(*(data.column(c).to_pylist() for c in partition_by), strict=True)
                                    if partition_by else [()] * data.num_rows):
             groups.setdefault(tuple(values), []).append(i)
-        actions: list[AddAction | RemoveAction] = []
+        actions: Actions = []
         now_ms = int(time.time() * 1000)
         for values, indices in sorted(groups.items(), key=lambda item: str(item[0])):
             # The same hive-style layout Spark writes (and _partition_values reads back).
@@ -320,9 +396,8 @@ class RsDeltaEngine:
             pq.write_table(data.take(indices).drop_columns(list(partition_by)), dest, compression="snappy")
             actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values=parts,
                                      modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
-        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
-        _maybe_kill(path)
-        return True
+        # As in append: the files are written once, only the commit is retried.
+        return self._write(path, lambda _table: actions, app_id=app_id, version=version, metadata=metadata)
 
     def replace_rows(
         self,
@@ -336,26 +411,28 @@ class RsDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        table = self._table(path)
-        if self._already(table, app_id, version, path):
-            return False
-        if table.metadata().partition_columns:
+        if self._table(path).metadata().partition_columns:
             raise ValueError(f"replace_rows is for small unpartitioned tables; {path} is partitioned")
-        data = merged_rows(path, rows, schema, drop=drop, order_by=order_by)
-        victims = self._files(table, None)
-        rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        dest = path / rel
-        pq.write_table(data, dest, compression="snappy")
-        now_ms = int(time.time() * 1000)
-        actions: list[AddAction | RemoveAction] = [
-            RemoveAction(path=r, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
-            for r, _values, size in victims
-        ]
-        actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values={},
-                                 modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
-        self._commit(table, actions, app_id=app_id, version=version, metadata=metadata)
-        _maybe_kill(path)
-        return True
+
+        def build(table: DeltaTable) -> Actions:
+            # Merged from, and removing the files of, exactly the snapshot the commit is based on.
+            data = merged_rows(path, rows, schema, drop=drop, order_by=order_by, table=table)
+            rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+            dest = path / rel
+            pq.write_table(data, dest, compression="snappy")
+            now_ms = int(time.time() * 1000)
+            actions: Actions = [
+                RemoveAction(path=r, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
+                for r, _values, size in self._files(table, None)
+            ]
+            actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values={},
+                                     modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
+            return actions
+
+        # No rebase: delta-rs would move this rewrite past a concurrent commit that only added files (another
+        # replace_rows on an empty table, an append), leaving rows this merge never saw next to it (two rows
+        # for one key). Any newer version fails the commit instead, and the retry merges it in.
+        return self._write(path, build, app_id=app_id, version=version, metadata=metadata, rebase=False)
 
     def replace(
         self,
@@ -368,29 +445,29 @@ class RsDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        table = self._table(path)
-        if self._already(table, app_id, version, path):
-            return False
-        victims = self._files(table, files)
-        kept = keep(self._read_files(path, table, victims))
-        # Materialise before the victims disappear from the log (the files stay on disk until VACUUM,
-        # so this is about a consistent plan, not about data loss).
-        rewritten = kept.unionByName(df.select(*kept.columns)) if victims else df
-        adds = self._stage(rewritten, path, table)
-        now_ms = int(time.time() * 1000)
-        removes = [
-            RemoveAction(
-                path=rel,
-                data_change=True,
-                deletion_timestamp=now_ms,
-                size=size,
-                partition_values={k: None if v is None else str(v) for k, v in values.items()},
-            )
-            for rel, values, size in victims
-        ]
-        self._commit(table, [*removes, *adds], app_id=app_id, version=version, metadata=metadata)
-        _maybe_kill(path)
-        return True
+        def build(table: DeltaTable) -> Actions:
+            victims = self._files(table, files)
+            kept = keep(self._read_files(path, table, victims))
+            # Materialise before the victims disappear from the log (the files stay on disk until VACUUM,
+            # so this is about a consistent plan, not about data loss).
+            rewritten = kept.unionByName(df.select(*kept.columns)) if victims else df
+            adds = self._stage(rewritten, path, table)
+            now_ms = int(time.time() * 1000)
+            removes = [
+                RemoveAction(
+                    path=rel,
+                    data_change=True,
+                    deletion_timestamp=now_ms,
+                    size=size,
+                    partition_values={k: None if v is None else str(v) for k, v in values.items()},
+                )
+                for rel, values, size in victims
+            ]
+            return [*removes, *adds]
+
+        # delta-rs's own retry moves this past blind appends (WriteSerializable, as delta-spark does); any
+        # other concurrent commit conflicts, and the retry re-reads the victims and stages again.
+        return self._write(path, build, app_id=app_id, version=version, metadata=metadata)
 
     # -- reads --------------------------------------------------------------------------------------
     @staticmethod

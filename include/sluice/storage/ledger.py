@@ -21,7 +21,13 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from sluice.config import Settings
 from sluice.core.spark import collected_utc
-from sluice.storage.engine import DeltaEngine, read_small_table
+from sluice.storage.engine import (
+    COMMIT_ATTEMPTS,
+    CommitConflictError,
+    DeltaEngine,
+    commit_backoff,
+    read_small_table,
+)
 from sluice.storage.tables import TableDef
 
 WINDOW_LEDGER = TableDef(
@@ -115,7 +121,11 @@ def replace_windows(
 
 
 def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
-    """For writers that are not replays of a numbered batch (DQ, backfills): the next app version."""
+    """For writers that are not replays of a numbered batch (DQ, backfills): the next app version.
+
+    Racy on its own: two processes sharing ``app_id`` can both get N, and the engine then treats the
+    second one's write as a replay of the first and skips it. :func:`write_ledger` (without ``version``)
+    takes the next version again in that case."""
     done = engine.committed_version(path, app_id)
     return 0 if done is None else done + 1
 
@@ -128,15 +138,29 @@ def write_ledger(
     app_id: str,
     version: int | None = None,
 ) -> bool:
-    """Upsert ledger rows (by pipeline and window) in one atomic commit, idempotent per (app_id, version)."""
+    """Upsert ledger rows (by pipeline and window) in one atomic commit, idempotent per (app_id, version).
+
+    Without ``version`` the write is an upsert under the next free version of ``app_id``: never skipped as
+    a replay, so it returns True once committed."""
     rows = list(rows)
     if not rows:
         return False
     path = WINDOW_LEDGER.path(settings)
     engine.ensure_table(path, WINDOW_LEDGER.schema)
-    if version is None:
-        version = next_version(engine, path, app_id)
-    return replace_windows(
-        engine, path, [tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema, [r.key for r in rows],
-        app_id=app_id, version=version,
-    )
+
+    def write(at: int) -> bool:
+        return replace_windows(
+            engine, path, [tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema, [r.key for r in rows],
+            app_id=app_id, version=at,
+        )
+
+    if version is not None:
+        return write(version)
+    for failed in range(1, COMMIT_ATTEMPTS + 1):
+        # False means another process sharing app_id committed the version we had just taken: our rows are
+        # not in, so take the one after it. Rows are upserted by key, so of two writers of one window the
+        # later commit wins, as it would without the race.
+        if write(next_version(engine, path, app_id)):
+            return True
+        commit_backoff(failed)
+    raise CommitConflictError(f"{path}: {app_id}: other writers took the next version {COMMIT_ATTEMPTS} times")

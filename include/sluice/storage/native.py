@@ -6,6 +6,11 @@ Used where the Delta jars are on the Spark classpath (the docker-compose Spark i
 (``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in ``userMetadata``,
 atomic range replacement with ``replaceWhere``.
 
+The driver-built writes of small ops tables (``append_rows``, ``replace_rows``) go through delta-rs here
+too: their rows never were a Spark job, and delta-rs lets ``replace_rows`` merge and commit against one
+snapshot and retry on a concurrent commit (a delta-spark overwrite would start from a newer snapshot
+than the rows it merged, and drop what was committed in between).
+
 This machine cannot download the connector, so this class is exercised only where the jars exist.
 """
 
@@ -22,7 +27,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sluice.storage.engine import PartitionPredicate, RsDeltaEngine, merged_rows
+from sluice.storage.engine import PartitionPredicate, RsDeltaEngine
 
 
 class NativeDeltaEngine:
@@ -74,8 +79,7 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        frame = self.spark.createDataFrame([tuple(r) for r in rows], schema).coalesce(1)
-        return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
+        return self._meta.append_rows(rows, schema, path, app_id=app_id, version=version, metadata=metadata)
 
     def replace_rows(
         self,
@@ -89,12 +93,9 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        if self._done(path, app_id, version):
-            return False
-        data = merged_rows(path, rows, schema, drop=drop, order_by=order_by)
-        frame = self.spark.createDataFrame(data.to_pylist(), schema).coalesce(1)
-        self._writer(frame, app_id, version, metadata).mode("overwrite").save(str(path))
-        return True
+        return self._meta.replace_rows(
+            rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version, metadata=metadata
+        )
 
     def replace(
         self,
