@@ -56,10 +56,10 @@ def test_yaml_then_environment_override(tmp_path: Path) -> None:
     [
         ({"SLUICE_CLICKS_WATERMARK_DELAY": "soon"}, "SLUICE_CLICKS_WATERMARK_DELAY"),
         ({"SLUICE_EVENTS_IDLE_TIMEOUT": "-5m"}, "SLUICE_EVENTS_IDLE_TIMEOUT"),
-        ({"SLUICE_MAX_FILES_PER_TRIGGER": "0"}, "max_files_per_trigger"),
-        ({"SLUICE_LATENESS_THRESHOLD": "2"}, "lateness_threshold"),
+        ({"SLUICE_MAX_FILES_PER_TRIGGER": "0"}, "SLUICE_MAX_FILES_PER_TRIGGER"),
+        ({"SLUICE_LATENESS_THRESHOLD": "2"}, "SLUICE_LATENESS_THRESHOLD"),
         ({"SLUICE_NOW": "yesterday"}, "SLUICE_NOW"),
-        ({"SLUICE_AD_CLICKS_HOURLY_WINDOW_SIZE": "0s"}, "window"),
+        ({"SLUICE_AD_CLICKS_HOURLY_WINDOW_SIZE": "0s"}, "SLUICE_AD_CLICKS_HOURLY_WINDOW_SIZE"),
     ],
 )
 def test_invalid_values_fail_fast_naming_the_key(env: dict[str, str], fragment: str) -> None:
@@ -91,3 +91,63 @@ def test_duration_and_timestamp_parsing() -> None:
     assert parse_duration("1.5h", "k") == timedelta(minutes=90)
     assert parse_duration(600, "k") == timedelta(minutes=10)
     assert parse_timestamp("2024-05-01T10:00:00-05:00", "k") == datetime(2024, 5, 1, 15, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "key"),
+    [
+        ("streams: {clicks: 5}", "streams.clicks"),
+        ("streams: [clicks]", "streams"),
+        ("streams: {clicks: {idle_timeout: [1h]}}", "streams.clicks.idle_timeout"),
+        ("landing: 5", "landing"),
+        ("lake: [a, b]", "lake"),
+        ("pipelines_path: 7", "pipelines_path"),
+        ("now: 5", "now"),
+        ("now: 0001-01-01T00:00:00Z", "now"),
+        ("dedup_retention: {a: 1}", "dedup_retention"),
+        ("max_files_per_trigger: true", "max_files_per_trigger"),
+        ("shuffle_partitions: 2.5", "shuffle_partitions"),
+        ("catchup_min_windows: -1", "catchup_min_windows"),
+        ("spark_master: 5", "spark_master"),
+        ("driver_memory: [2g]", "driver_memory"),
+        ("delta_engine: [rs]", "delta_engine"),
+        ("vacuum_retention_hours: 1", "vacuum_retention_hours"),
+        ("lateness_threshold: true", "lateness_threshold"),
+        ("pipelines: 5", "pipelines"),
+        ("pipelines: {ad_clicks_hourly: 5}", "pipelines.ad_clicks_hourly"),
+        ("pipelines: {ad_clicks_hourly: {windw: {size: 1h}}}", "pipelines.ad_clicks_hourly.windw"),
+        ("pipelines: {ad_clicks_hourly: {window: 1h}}", "pipelines.ad_clicks_hourly.window"),
+        ("pipelines: {ad_clicks_hourly: {window: {sise: 1h}}}", "pipelines.ad_clicks_hourly.window.sise"),
+        ("pipelines: {ad_clicks_hourly: {window: {size: 0}}}", "pipelines.ad_clicks_hourly.window.size"),
+    ],
+)
+def test_every_yaml_key_is_type_checked_naming_the_key_and_the_file(
+    tmp_path: Path, yaml_text: str, key: str
+) -> None:
+    config = tmp_path / "sluice.yaml"
+    config.write_text(yaml_text + "\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"SLUICE_CONFIG": str(config)})
+    message = str(caught.value)
+    assert message.startswith(f"{key}: ") and message.endswith(f"(in {config})")
+    assert "\n" not in message
+
+
+def test_yaml_values_of_the_right_type_are_converted(tmp_path: Path) -> None:
+    config = tmp_path / "sluice.yaml"
+    config.write_text(
+        "now: 2024-05-01T06:00:00Z\nshuffle_partitions: '3'\ndelta_engine: RS\nspark_master: local[2]\n"
+        "lateness_threshold: 0\nlanding: /data/landing\nstreams: {clicks: }\n"
+        "pipelines: {ad_clicks_hourly: {window: {hop: 30m}}}\n"
+    )
+    s = load_settings({"SLUICE_CONFIG": str(config)})
+    assert s.now() == datetime(2024, 5, 1, 6, tzinfo=UTC)
+    assert (s.shuffle_partitions, s.delta_engine, s.spark_master) == (3, "rs", "local[2]")
+    assert s.lateness_threshold == 0.0 and s.landing == Path("/data/landing")
+    assert s.windows["ad_clicks_hourly"] == (timedelta(hours=1), timedelta(minutes=30))
+
+
+@pytest.mark.parametrize("value", ["0001-01-01T00:00:00Z", "0001-01-01T00:30:00+01:00", "9999-12-31T23:00:00Z"])
+def test_now_outside_the_supported_range_gives_the_range(value: str) -> None:
+    with pytest.raises(ConfigError, match=r"^SLUICE_NOW: .* use a time from 1900-01-01T00:00:00Z to 9999-01-01"):
+        load_settings({"SLUICE_NOW": value})

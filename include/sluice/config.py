@@ -21,7 +21,8 @@ Environment variables:
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -34,19 +35,6 @@ from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import Registry, default_pipelines_path, load_registry
 from sluice.core.timeutil import parse_duration, parse_timestamp
 from sluice.core.windows import WindowSpec
-
-
-def _positive_int(value: object, key: str, minimum: int = 1) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        raise ConfigError(f"{key}: {value!r} is not an integer; use a whole number >= {minimum}") from None
-    if number < minimum:
-        raise ConfigError(f"{key}: {value!r} must be >= {minimum}")
-    return number
-
-
-STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
 
 
 @dataclass(frozen=True)
@@ -141,6 +129,56 @@ class Settings:
     def checkpoints(self) -> Path:
         return self.lake / "_checkpoints"
 
+    def check_roots(self, *, writable: bool) -> None:
+        """Fail fast, naming the path, when the home or the lake cannot be used (see :func:`check_folder`)."""
+        check_folder(self.home, "SLUICE_HOME", writable=writable, hint="SLUICE_HOME (or --home)")
+        check_folder(self.lake, "lake", writable=writable, hint="SLUICE_LAKE (or the YAML key lake)")
+
+
+# Timestamps sluice accepts for "now" and backfill ranges. From 1900 on, Spark stores timestamps in Parquet
+# without Julian/Gregorian rebasing; up to 9999-01-01 leaves a year for window, join and lateness margins
+# before Python's datetime (and Spark's TimestampType) end.
+TIMESTAMP_MIN = datetime(1900, 1, 1, tzinfo=UTC)
+TIMESTAMP_MAX = datetime(9999, 1, 1, tzinfo=UTC)
+
+
+def parse_time(value: object, key: str) -> datetime:
+    """An RFC 3339 timestamp (as :func:`parse_timestamp`) within ``TIMESTAMP_MIN..TIMESTAMP_MAX``."""
+    try:
+        ts: datetime | None = parse_timestamp(value, key)
+    except OverflowError:  # e.g. 0001-01-01T00:00:00+01:00, which is before year 1 in UTC
+        ts = None
+    if ts is None or not TIMESTAMP_MIN <= ts <= TIMESTAMP_MAX:
+        shown = value.isoformat() if isinstance(value, datetime) else repr(value)
+        raise ConfigError(
+            f"{key}: {shown} is outside the supported range; use a time from {TIMESTAMP_MIN:%Y-%m-%dT%H:%M:%SZ} "
+            f"to {TIMESTAMP_MAX:%Y-%m-%dT%H:%M:%SZ}"
+        )
+    return ts
+
+
+def check_folder(path: Path, key: str, *, writable: bool, hint: str | None = None) -> None:
+    """Fail fast, naming the path, when ``path`` cannot be a folder of sluice's: it is a file or lies under
+    one, or (``writable``) neither it nor, while it does not exist yet, the folder it would be created in is
+    writable. Nothing is created."""
+    fix = f"point {hint or key} at a folder you can {'write to' if writable else 'read'}"
+    existing = path
+    try:
+        while not existing.exists() and existing != existing.parent:
+            existing = existing.parent
+        is_dir = existing.is_dir()
+    except OSError as exc:  # e.g. a parent folder that may not be searched
+        raise ConfigError(f"{key}: {path} cannot be reached ({exc.strerror}); {fix}") from None
+    if not is_dir:
+        where = "is a file" if existing == path else f"lies under {existing}, which is a file"
+        raise ConfigError(f"{key}: {path} {where}, not a folder; {fix}")
+    if existing == path and not os.access(path, os.R_OK | os.X_OK):
+        raise ConfigError(f"{key}: {path} is not readable; {fix}, or make it readable")
+    if writable and not os.access(existing, os.W_OK | os.X_OK):
+        if existing == path:
+            raise ConfigError(f"{key}: {path} is not writable; {fix}, or make it writable")
+        raise ConfigError(f"{key}: {path} does not exist and cannot be created ({existing} is not writable); {fix}")
+
 
 def _read_yaml(path: Path) -> dict[str, Any]:
     if path.is_dir():
@@ -148,27 +186,200 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError:
-        raise ConfigError(f"SLUICE_CONFIG: file {path} does not exist") from None
+        raise ConfigError(f"SLUICE_CONFIG: file {path} does not exist; point it at a YAML file") from None
+    except NotADirectoryError:
+        raise ConfigError(f"SLUICE_CONFIG: {path} lies under a file, not a folder; point it at a YAML file") from None
+    except OSError as exc:
+        raise ConfigError(f"SLUICE_CONFIG: {path} cannot be read ({exc.strerror}); point it at a readable YAML "
+                          "file") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"SLUICE_CONFIG: {path} is not a UTF-8 text file; point it at a YAML file") from None
     except yaml.YAMLError as exc:
-        raise ConfigError(f"SLUICE_CONFIG: {path} is not valid YAML: {exc}") from None
+        detail = " ".join(str(exc).split())
+        raise ConfigError(f"SLUICE_CONFIG: {path} is not valid YAML: {detail}") from None
     if not isinstance(data, dict):
         raise ConfigError(f"SLUICE_CONFIG: {path} must hold a mapping of keys, got {type(data).__name__}")
     return data
 
 
-_GLOBAL_KEYS = (
-    "dedup_retention",
-    "max_files_per_trigger",
-    "shuffle_partitions",
-    "catchup_min_windows",
-    "spark_master",
-    "driver_memory",
-    "delta_engine",
-    "vacuum_retention_hours",
-    "lateness_threshold",
-)
+# -- typed values -----------------------------------------------------------------------------------------
+# One converter per kind of value, shared by the YAML file and the environment. ``key`` is the name the user
+# wrote: the dotted YAML key (``streams.clicks.idle_timeout``) or the environment variable.
+
+Convert = Callable[[Any, str], Any]
+
+
+def _whole(minimum: int, why: str = "") -> Convert:
+    def convert(value: Any, key: str) -> int:
+        number = None
+        if isinstance(value, int | str) and not isinstance(value, bool):
+            with suppress(ValueError):
+                number = int(str(value).strip())
+        if number is None:
+            raise ConfigError(f"{key}: {value!r} is not a whole number; use an integer >= {minimum}")
+        if number < minimum:
+            raise ConfigError(f"{key}: {value!r} must be >= {minimum}{why}")
+        return number
+
+    return convert
+
+
+def _share(value: Any, key: str) -> float:
+    share = float("nan")
+    if isinstance(value, int | float | str) and not isinstance(value, bool):
+        with suppress(ValueError):
+            share = float(value)
+    if not 0.0 <= share <= 1.0:
+        raise ConfigError(f"{key}: {value!r} must be a share between 0 and 1 (0.01 = 1%)")
+    return share
+
+
+def _text(example: str) -> Convert:
+    def convert(value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise ConfigError(f"{key}: {value!r} is not text; use e.g. {example}")
+        return value
+
+    return convert
+
+
+def _choice(choices: Sequence[str]) -> Convert:
+    def convert(value: Any, key: str) -> str:
+        text = value.strip().lower() if isinstance(value, str) else ""
+        if text not in choices:
+            raise ConfigError(f"{key}: {value!r} is not allowed; use one of: {', '.join(choices)}")
+        return text
+
+    return convert
+
+
+def _path(value: Any, key: str) -> Path:
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str) or not value.strip():
+        raise ConfigError(f"{key}: {value!r} is not a path; give a folder path, e.g. /data/sluice")
+    return Path(value)
+
+
+def _positive_duration(value: Any, key: str) -> timedelta:
+    duration = parse_duration(value, key)
+    if duration <= timedelta(0):
+        raise ConfigError(f"{key}: {value!r} must be > 0; use e.g. '1h' or '30m'")
+    return duration
+
+
+def _timestamp(value: Any, key: str) -> datetime:
+    return parse_time(value, key)
+
+
+STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
 DELTA_ENGINES = ("rs", "native", "auto")
 MIN_RETENTION_HOURS = 24
+
+# Global keys: YAML ``key`` or environment ``SLUICE_<KEY>``.
+_GLOBALS: dict[str, Convert] = {
+    "dedup_retention": parse_duration,
+    "max_files_per_trigger": _whole(1),
+    "shuffle_partitions": _whole(1),
+    "catchup_min_windows": _whole(0),
+    "spark_master": _text("local[2] or spark://host:7077"),
+    "driver_memory": _text("2g"),
+    "delta_engine": _choice(DELTA_ENGINES),
+    "vacuum_retention_hours": _whole(
+        MIN_RETENTION_HOURS, " hours, so that running readers and retried writes never lose files"
+    ),
+    "lateness_threshold": _share,
+}
+
+
+@dataclass(frozen=True)
+class _Section:
+    """A YAML mapping with fixed keys, each a converter or a nested section."""
+
+    keys: Mapping[str, Any]
+    example: str
+
+
+@dataclass(frozen=True)
+class _Each:
+    """A YAML mapping from declared names (streams, pipelines) to one section each."""
+
+    what: str
+    names: Collection[str]
+    item: _Section
+    example: str
+
+
+def _schema(registry: Registry) -> _Section:
+    """Every key the YAML file accepts, with its type."""
+    stream = min(registry.streams, default="my_stream")
+    pipeline = min(registry.pipelines, default="my_pipeline")
+    window = _Section({"size": _positive_duration, "hop": _positive_duration}, "{size: 1h, hop: 30m}")
+    return _Section(
+        {
+            "landing": _path,
+            "lake": _path,
+            "now": _timestamp,
+            "pipelines_path": _path,
+            **_GLOBALS,
+            "streams": _Each(
+                "stream", set(registry.streams),
+                _Section({k: parse_duration for k in STREAM_KEYS}, "{watermark_delay: 15m, idle_timeout: 1h}"),
+                f"{{{stream}: {{watermark_delay: 15m}}}}",
+            ),
+            "pipelines": _Each(
+                "pipeline", set(registry.pipelines),
+                _Section({"window": window}, "{window: {size: 1h, hop: 30m}}"),
+                f"{{{pipeline}: {{window: {{size: 1h}}}}}}",
+            ),
+        },
+        "{dedup_retention: 12h}",
+    )
+
+
+def _validate(value: Any, schema: Any, key: str) -> Any:
+    """``value`` checked against ``schema`` and converted; errors name the dotted key. ``key:`` with no value
+    (YAML null) means "not set"."""
+    if value is None:
+        return None
+    if not isinstance(schema, _Section | _Each):
+        return schema(value, key)
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping such as {schema.example}, got {value!r}")
+    out: dict[Any, Any] = {}
+    for name, item in value.items():
+        sub = f"{key}.{name}" if key else str(name)
+        if isinstance(schema, _Each):
+            if name not in schema.names:
+                known = ", ".join(sorted(schema.names)) or "none"
+                raise ConfigError(f"{sub}: unknown {schema.what}; choose one of: {known}")
+            checked = _validate(item, schema.item, sub)
+        else:
+            if name not in schema.keys:
+                raise ConfigError(f"{sub}: unknown key; allowed: {', '.join(schema.keys)}")
+            checked = _validate(item, schema.keys[name], sub)
+        if checked is not None:
+            out[name] = checked
+    return out
+
+
+@contextmanager
+def _naming(source: Path | None) -> Iterator[None]:
+    """Errors about YAML values also name the file they came from."""
+    try:
+        yield
+    except ConfigError as exc:
+        if source is None:
+            raise
+        raise ConfigError(f"{exc} (in {source})") from None
+
+
+def _is_file(path: Path) -> bool:
+    """Whether ``path`` is a file; False where it cannot be reached (the home's check names that)."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 def _env_name(name: str) -> str:
@@ -186,129 +397,68 @@ def load_settings(
     env = os.environ if env is None else env
     home_path = Path(home or env.get("SLUICE_HOME") or ".sluice").absolute()
     config_file = env.get("SLUICE_CONFIG")
-    raw: dict[str, Any] = {}
+    source: Path | None = None
     if config_file:
-        raw = _read_yaml(Path(config_file))
-    elif (home_path / "sluice.yaml").is_file():
-        raw = _read_yaml(home_path / "sluice.yaml")
+        source = Path(config_file)
+    elif _is_file(home_path / "sluice.yaml"):
+        source = home_path / "sluice.yaml"
+    raw = _read_yaml(source) if source is not None else {}
 
-    top_keys = {*_GLOBAL_KEYS, "streams", "pipelines", "landing", "lake", "now", "pipelines_path"}
-    unknown = set(raw) - top_keys
-    if unknown:
-        allowed = ", ".join(sorted(top_keys))
-        raise ConfigError(f"config: unknown key(s) {sorted(unknown)}; allowed keys: {allowed}")
-
-    pipelines_value = pipelines or env.get("SLUICE_PIPELINES") or raw.get("pipelines_path")
-    if pipelines_value is not None and not isinstance(pipelines_value, str | Path):
-        raise ConfigError(f"pipelines_path: {pipelines_value!r} must be a folder path")
-    pipelines_path = Path(pipelines_value).absolute() if pipelines_value else default_pipelines_path()
+    # The pipelines folder first: its definitions name the streams and pipelines the YAML may configure.
+    with _naming(source):
+        yaml_pipelines_path = _validate(raw.get("pipelines_path"), _path, "pipelines_path")
+    if pipelines or env.get("SLUICE_PIPELINES"):
+        pipelines_path = Path(pipelines or env["SLUICE_PIPELINES"]).absolute()
+    elif yaml_pipelines_path is not None:
+        pipelines_path = yaml_pipelines_path.absolute()
+    else:
+        pipelines_path = default_pipelines_path()
     registry = load_registry(pipelines_path)
-    declared_streams = set(registry.streams)
+    with _naming(source):
+        conf: dict[str, Any] = _validate(raw, _schema(registry), "") or {}
 
-    overrides: dict[str, dict[str, timedelta]] = {}
-    yaml_streams = raw.get("streams") or {}
-    if not isinstance(yaml_streams, dict):
-        raise ConfigError(
-            "streams: must be a mapping of stream name to settings, e.g. {my_stream: {watermark_delay: 15m}}"
-        )
-    for name, stream_values in yaml_streams.items():
-        if name not in declared_streams:
-            raise ConfigError(f"streams.{name}: unknown stream; choose one of: {', '.join(sorted(declared_streams))}")
-        if stream_values is not None and not isinstance(stream_values, dict):
-            raise ConfigError(f"streams.{name}: must be a mapping of settings ({', '.join(STREAM_KEYS)}), "
-                              f"got {stream_values!r}")
-        bad = set(stream_values or {}) - set(STREAM_KEYS)
-        if bad:
-            raise ConfigError(f"streams.{name}: unknown key(s) {sorted(bad)}; allowed: {', '.join(STREAM_KEYS)}")
-        for key, value in (stream_values or {}).items():
-            overrides.setdefault(name, {})[key] = parse_duration(value, f"streams.{name}.{key}")
-    for name in sorted(declared_streams):
+    typed: dict[str, Any] = {}
+    for key, convert in _GLOBALS.items():
+        env_key = f"SLUICE_{key.upper()}"
+        if env_key in env:
+            typed[key] = convert(env[env_key], env_key)
+        elif key in conf:
+            typed[key] = conf[key]
+
+    overrides: dict[str, dict[str, timedelta]] = {name: dict(v) for name, v in conf.get("streams", {}).items()}
+    for name in sorted(registry.streams):
         for key in STREAM_KEYS:
             env_key = f"SLUICE_{_env_name(name)}_{key.upper()}"
             if env_key in env:
                 overrides.setdefault(name, {})[key] = parse_duration(env[env_key], env_key)
-
-    values: dict[str, Any] = {k: raw[k] for k in _GLOBAL_KEYS if k in raw}
-    for key in _GLOBAL_KEYS:
-        if f"SLUICE_{key.upper()}" in env:
-            values[key] = env[f"SLUICE_{key.upper()}"]
-    typed: dict[str, Any] = {}
-    if "dedup_retention" in values:
-        typed["dedup_retention"] = parse_duration(values["dedup_retention"], "dedup_retention")
-    for key in ("max_files_per_trigger", "shuffle_partitions"):
-        if key in values:
-            typed[key] = _positive_int(values[key], key)
-    if "catchup_min_windows" in values:
-        typed["catchup_min_windows"] = _positive_int(values["catchup_min_windows"], "catchup_min_windows", 0)
-    if "lateness_threshold" in values:
-        try:
-            threshold = float(values["lateness_threshold"])
-        except (TypeError, ValueError):
-            threshold = -1.0
-        if not 0.0 <= threshold <= 1.0:
-            raise ConfigError(
-                f"lateness_threshold: {values['lateness_threshold']!r} must be a share between 0 and 1 (0.01 = 1%)"
-            )
-        typed["lateness_threshold"] = threshold
-    for key in ("spark_master", "driver_memory"):
-        if key in values:
-            typed[key] = str(values[key])
-    if "delta_engine" in values:
-        engine = str(values["delta_engine"]).lower()
-        if engine not in DELTA_ENGINES:
-            raise ConfigError(f"SLUICE_DELTA_ENGINE={values['delta_engine']!r}; allowed: {', '.join(DELTA_ENGINES)}")
-        typed["delta_engine"] = engine
-    if "vacuum_retention_hours" in values:
-        raw_hours = values["vacuum_retention_hours"]
-        try:
-            hours = int(str(raw_hours))
-        except ValueError:
-            raise ConfigError(f"SLUICE_VACUUM_RETENTION_HOURS: {raw_hours!r} is not a whole number of hours") from None
-        if hours < MIN_RETENTION_HOURS:
-            raise ConfigError(
-                f"SLUICE_VACUUM_RETENTION_HOURS: {hours} is unsafe; use >= {MIN_RETENTION_HOURS} so running readers "
-                "and retried writes never lose files"
-            )
-        typed["vacuum_retention_hours"] = hours
+    overrides = {name: values for name, values in overrides.items() if values}
 
     windows: dict[str, tuple[timedelta, timedelta | None]] = {}
-    yaml_pipelines = raw.get("pipelines") or {}
-    if not isinstance(yaml_pipelines, dict):
-        raise ConfigError("pipelines: must be a mapping of pipeline name to settings")
-    unknown_pipelines = set(yaml_pipelines) - set(registry.pipelines)
-    if unknown_pipelines:
-        raise ConfigError(f"pipelines: unknown {sorted(unknown_pipelines)}; "
-                          f"choose from {', '.join(sorted(registry.pipelines))}")
     for pipeline in sorted(registry.pipelines):
-        conf = yaml_pipelines.get(pipeline) or {}
-        if not isinstance(conf, dict):
-            raise ConfigError(f"pipelines.{pipeline}: must be a mapping such as {{window: {{size: 1h}}}}")
-        window_conf = conf.get("window") or {}
-        if not isinstance(window_conf, dict):
-            raise ConfigError(f"pipelines.{pipeline}.window: must be a mapping with size and/or hop")
+        window_conf = conf.get("pipelines", {}).get(pipeline, {}).get("window", {})
         prefix = f"SLUICE_{_env_name(pipeline)}_WINDOW_"
-        size = env.get(prefix + "SIZE", window_conf.get("size"))
-        hop = env.get(prefix + "HOP", window_conf.get("hop"))
+        size = _positive_duration(env[prefix + "SIZE"], prefix + "SIZE") if env.get(prefix + "SIZE") else None
+        hop = _positive_duration(env[prefix + "HOP"], prefix + "HOP") if env.get(prefix + "HOP") else None
+        size = size or window_conf.get("size")
+        hop = hop or window_conf.get("hop")
         if size is not None or hop is not None:
             declared = registry.pipelines[pipeline].window
-            size_td = parse_duration(size, f"pipelines.{pipeline}.window.size") if size else declared.size
             # A size alone keeps the declared hop (if any): hopping windows stay hopping.
-            hop_td = parse_duration(hop, f"pipelines.{pipeline}.window.hop") if hop else declared.hop
-            if size_td <= timedelta(0) or (hop_td is not None and hop_td <= timedelta(0)):
-                raise ConfigError(f"pipelines.{pipeline}.window: size and hop must be > 0")
-            windows[pipeline] = (size_td, hop_td)
+            windows[pipeline] = (size or declared.size, hop or declared.hop)
 
-    now_value = now if now is not None else env.get("SLUICE_NOW") or raw.get("now")
-    landing = env.get("SLUICE_LANDING") or raw.get("landing") or home_path / "landing"
-    lake = env.get("SLUICE_LAKE") or raw.get("lake") or home_path / "lake"
-    for key, value in (("landing", landing), ("lake", lake)):
-        if not isinstance(value, str | Path):
-            raise ConfigError(f"{key}: {value!r} must be a path")
+    if now is not None:
+        now_value: datetime | None = parse_time(now, "--now" if isinstance(now, str) else "now")
+    elif env.get("SLUICE_NOW"):
+        now_value = parse_time(env["SLUICE_NOW"], "SLUICE_NOW")
+    else:
+        now_value = conf.get("now")
+    landing = Path(env.get("SLUICE_LANDING") or conf.get("landing") or home_path / "landing")
+    lake = Path(env.get("SLUICE_LAKE") or conf.get("lake") or home_path / "lake")
     return Settings(
         home=home_path,
-        landing=Path(landing).absolute(),
-        lake=Path(lake).absolute(),
-        now_override=parse_timestamp(now_value, "SLUICE_NOW") if now_value else None,
+        landing=landing.absolute(),
+        lake=lake.absolute(),
+        now_override=now_value,
         pipelines_path=pipelines_path,
         _registry=registry,
         stream_overrides=overrides,
@@ -316,12 +466,13 @@ def load_settings(
         **typed,
     )
 
-
 __all__ = [
     "ConfigError",
     "Settings",
     "StreamSpec",
+    "check_folder",
     "load_settings",
     "parse_duration",
+    "parse_time",
     "parse_timestamp",
 ]

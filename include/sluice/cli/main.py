@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from sluice.config import ConfigError, Settings, load_settings
+from sluice.config import ConfigError, Settings, check_folder, load_settings
 
 log = logging.getLogger("sluice")
 
@@ -33,10 +33,15 @@ def setup_logging(verbose: bool = False) -> None:
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def _settings(args: argparse.Namespace) -> Settings:
-    return load_settings(
+def _settings(args: argparse.Namespace, *, writes: bool | None = None) -> Settings:
+    """The settings of this invocation. ``writes`` (True: the command writes the home and the lake; False: it
+    only reads them) checks those folders first, so a wrong SLUICE_HOME fails before any Spark work."""
+    settings = load_settings(
         home=getattr(args, "home", None), now=getattr(args, "now", None), pipelines=getattr(args, "pipelines", None)
     )
+    if writes is not None:
+        settings.check_roots(writable=writes)
+    return settings
 
 
 def _tools() -> None:
@@ -53,6 +58,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from sluice_tools.generate import generate, options_from_args
 
     settings = _settings(args)
+    check_folder(settings.landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
     options = options_from_args(args)
     manifest = generate(settings.landing, options, specs=settings.streams)
     if args.manifest:
@@ -64,7 +70,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from sluice.streaming.cycle import run_cycle
 
-    settings = _settings(args)
+    settings = _settings(args, writes=True)
     result = run_cycle(
         settings, args.pipeline, check_quality=not args.skip_quality, deliver_alerts=not args.no_deliver
     )
@@ -75,7 +81,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_check(args: argparse.Namespace) -> int:
     from sluice.streaming.cycle import run_quality
 
-    report = run_quality(_settings(args), args.pipeline, deliver_alerts=not args.no_deliver)
+    report = run_quality(_settings(args, writes=True), args.pipeline, deliver_alerts=not args.no_deliver)
     print(f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
           f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}")
     for (start, _end), failures in sorted(report.failed.items()):
@@ -90,7 +96,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from sluice.ingest.landing import run_ingest
     from sluice.storage.engine import get_engine
 
-    settings = _settings(args)
+    settings = _settings(args, writes=True)
     for stream in args.streams:
         settings.stream(stream)  # unknown names fail before the JVM starts
     spark = get_spark(settings, "sluice-ingest")
@@ -99,10 +105,29 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_backfill(args: argparse.Namespace) -> int:
-    from sluice.streaming.backfill import run_backfill
+def _require_bronze(settings: Settings, pipeline: str) -> None:
+    """A backfill recomputes from bronze: without it there is nothing to do, most likely because SLUICE_HOME
+    points at a fresh home instead of the one the runs use."""
+    from deltalake import DeltaTable
 
-    settings = _settings(args)
+    from sluice.storage import tables
+
+    bronze = {s: tables.bronze(settings.stream(s)).path(settings) for s in settings.pipeline(pipeline).streams}
+    missing = [s for s, path in bronze.items() if not DeltaTable.is_deltatable(str(path))]
+    if missing:
+        raise ConfigError(
+            f"nothing to backfill: no bronze table for {', '.join(missing)} under {settings.lake / 'bronze'}; "
+            f"if SLUICE_HOME ({settings.home}) is not the home your runs use, point SLUICE_HOME (or --home) at it, "
+            f"otherwise ingest first with `sluice run {pipeline}`"
+        )
+
+
+def cmd_backfill(args: argparse.Namespace) -> int:
+    from sluice.streaming.backfill import run_backfill, validate_request
+
+    settings = _settings(args, writes=True)
+    validate_request(settings, args.pipeline, args.start, args.end, args.include_late)  # its errors come first
+    _require_bronze(settings, args.pipeline)
     result = run_backfill(
         settings, args.pipeline, args.start, args.end, include_late=args.include_late,
         deliver_alerts=not args.no_deliver,
@@ -116,7 +141,7 @@ def cmd_backfill(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     from sluice.cli.status import render_status
 
-    print(render_status(_settings(args)))
+    print(render_status(_settings(args, writes=False)))
     return EXIT_OK
 
 
@@ -124,7 +149,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _tools()
     from sluice_tools.demo import run_demo
 
-    return run_demo(_settings(args))
+    settings = _settings(args, writes=True)
+    check_folder(settings.landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
+    return run_demo(settings)
 
 
 def cmd_pipelines(args: argparse.Namespace) -> int:

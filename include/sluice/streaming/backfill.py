@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.config import ConfigError, Settings, parse_timestamp
+from sluice.config import ConfigError, Settings, parse_time
 from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
@@ -76,8 +76,8 @@ def validate_request(
 ) -> BackfillRequest:
     """Check parameters before any Spark work; every message says what to do instead."""
     definition = settings.pipeline(pipeline)
-    start_ts = parse_timestamp(start, "start")
-    end_ts = parse_timestamp(end, "end")
+    start_ts = parse_time(start, "start")  # within the range timestamps (and window margins) support
+    end_ts = parse_time(end, "end")
     if start_ts >= end_ts:
         raise ConfigError(
             f"backfill range is empty or reversed: start {start_ts.isoformat()} must be before end "
