@@ -6,27 +6,16 @@ from __future__ import annotations
 from collections import Counter
 from datetime import datetime
 
-import pyarrow as pa
-from deltalake import DeltaTable
-
 from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import Settings
+from sluice.ingest.landing import load_state, local_path
 from sluice.storage import tables
 from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
 
 
 def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
     """Event hours present in bronze, from partition values in the Delta log."""
-    path = tables.bronze(settings.stream(stream)).path(settings)
-    if not DeltaTable.is_deltatable(str(path)):
-        return set()
-    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
-    hours = set()
-    for part in actions.column("partition").to_pylist() if actions.num_rows else []:
-        hour = tables.partition_hour(part or {})
-        if hour is not None:
-            hours.add(hour)
-    return hours
+    return set(tables.bronze_hours(tables.bronze(settings.stream(stream)).path(settings)))
 
 
 def ledger_summary(settings: Settings) -> str:
@@ -54,6 +43,16 @@ def ledger_summary(settings: Settings) -> str:
     )
 
 
+def unreadable_files(settings: Settings, streams: list[str]) -> list[tuple[str, str]]:
+    """(stream, local path) of every landing file that could not be read, in batch order."""
+    return [
+        (name, local_path(r.source_file))
+        for name in streams
+        for r in load_state(settings, name).rows
+        if r.unreadable and r.source_file
+    ]
+
+
 def render_status(settings: Settings) -> str:
     streams = list(settings.streams)
     out = [
@@ -66,6 +65,11 @@ def render_status(settings: Settings) -> str:
         "windows (ops/window_ledger):",
         ledger_summary(settings),
     ]
+    unreadable = unreadable_files(settings, streams)
+    if unreadable:
+        out += ["", "unreadable landing files (quarantined whole, reason unreadable_file; land a good copy under a "
+                    "new name):"]
+        out += [f"  {stream}: {path}" for stream, path in unreadable]
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]

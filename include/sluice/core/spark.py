@@ -70,4 +70,7 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.driver.memory": settings.driver_memory,
+        # Ingest parses each line once as a VARIANT. A key given twice takes its last value, as Spark's
+        # from_json does, instead of making the line malformed.
+        "spark.sql.variant.allowDuplicateKeys": "true",
     }

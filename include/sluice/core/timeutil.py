@@ -7,6 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 from sluice.core.errors import ConfigError
 
+# The earliest event time a record may carry (SPEC 2: records before it are quarantined as bad_timestamp).
+# Earlier ones are producer bugs (Go's zero time is year 1), and their windows cannot be represented
+# downstream (a window reaching before year 1 has no Python datetime).
+EARLIEST_EVENT_TIME = datetime(1970, 1, 1, tzinfo=UTC)
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|sec|secs|seconds?|m|min|mins|minutes?|h|hours?|d|days?)?\s*$")
 _UNIT_SECONDS = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
 

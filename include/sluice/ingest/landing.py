@@ -11,8 +11,8 @@ files were grouped into triggers, and every file gets its own row in ``ops/inges
 
 Every line ends up in exactly one place:
 
-* ``quarantine`` with a reason (``malformed_json``, ``missing_field``, ``bad_timestamp``, ``bad_type``,
-  ``early``),
+* ``quarantine`` with a reason (``bad_encoding``, ``malformed_json``, ``missing_field``, ``bad_timestamp``,
+  ``bad_type``, ``early``; ``unreadable_file`` for a whole file that cannot be read),
 * the duplicate count (an id already accepted or dead-lettered, or an earlier copy in the same batch),
 * ``dlq`` with the watermark it missed (``event_time < watermark``),
 * ``bronze`` (accepted).
@@ -25,26 +25,28 @@ table that already has the commit skips it.
 
 from __future__ import annotations
 
+import gzip
 import json
 import logging
 import os
 import uuid
+import zlib
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import quote, unquote, urlparse
 
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructField, StructType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.spark import collected_utc
+from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine, read_small_table
 from sluice.storage.tables import HEARTBEAT_PREFIX
@@ -56,6 +58,17 @@ log = logging.getLogger("sluice.ingest")
 RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
 LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
+LANDING_READ_OPTIONS = {
+    # An unreadable file never fails the query: it is quarantined whole before the query runs, and Spark
+    # skips it (and the partial lines of a truncated .gz).
+    "ignoreCorruptFiles": "true",
+    # Hadoop's checksumming local file system derives a ".<name>.crc" path by parsing the file name as a
+    # URI, which fails for names with ':' (events-2024-05-01T10:02:00Z.jsonl). The raw local file system
+    # reads the same bytes; it is set for this source only (uncached), because RocksDB's state store
+    # needs the checksumming one.
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
+}
 
 
 def app_id(stream: str) -> str:
@@ -81,6 +94,11 @@ class BatchRow:
     is_heartbeat: bool = False
     spark_batch_id: int | None = None
     query_id: str | None = None
+
+    @property
+    def unreadable(self) -> bool:
+        """A landing file quarantined whole before any Spark batch could read it (``unreadable_file``)."""
+        return not self.is_heartbeat and self.spark_batch_id is None and self.source_file is not None
 
 
 @dataclass
@@ -134,31 +152,95 @@ def _max(a: datetime | None, b: datetime | None) -> datetime | None:
     return max(a, b)
 
 
+def local_path(uri: str) -> str:
+    """The local path of a file URI as Spark reports it (``file:/a/b%20c.jsonl`` -> ``/a/b c.jsonl``)."""
+    return unquote(urlparse(uri).path)
+
+
+def file_uri(path: str) -> str:
+    """A local path as Spark's ``_metadata.file_path`` spells it: Hadoop keeps ':' and non-ASCII as they
+    are and percent-encodes the rest of what a URI cannot hold (space, '%', '#')."""
+    safe = "/:@!$&'()*+,;=-._~"
+    return "file:" + "".join(c if ord(c) > 127 else quote(c, safe=safe) for c in path)
+
+
+def probe_file(path: str) -> str | None:
+    """Why a landing file cannot be read, or None when it can. A gzip file is decompressed to its end,
+    because a truncated or corrupt member only shows there. Runs on executors (see ``_unreadable``)."""
+    try:
+        if path.endswith(".gz"):
+            with gzip.open(path, "rb") as fh:
+                while fh.read(1 << 20):
+                    pass
+        else:
+            with open(path, "rb") as fh:
+                fh.read(1)
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
 # --------------------------------------------------------------------------------------------------
 # Transforms: small DataFrame -> DataFrame steps, shared by tests and the job.
 # --------------------------------------------------------------------------------------------------
+NUMBER_TYPES = ("BIGINT", "DECIMAL", "DOUBLE")
+BAD_ENCODING_DETAIL = "line is not valid UTF-8; raw holds its bytes base64-encoded"
+
+
+def _json_path(name: str) -> str:
+    """A variant path to a top-level key; the quote that the name does not contain delimits it."""
+    return f"$['{name}']" if "'" not in name else f'$["{name}"]'
+
+
+def _canonical_double(value: Column) -> Column:
+    """The canonical JSON text of a number that only fits a double (exponent notation, huge values):
+    integral values as plain digits (``1.5e3`` -> ``1500``, not Spark's ``1500.0``), others in
+    exponent form (``1e-7``); infinities have no JSON text (null, so they are a ``bad_type``)."""
+    finite = ~F.isnan(value) & (F.abs(value) < F.lit(float("inf")))
+    integral = (value == F.floor(value)) & (F.abs(value) < F.lit(1e21))
+    java = value.cast("string")  # Java's shortest form: 1.0E-7, 1.2345678901234568E41, 0.001
+    exponent = F.regexp_replace(F.regexp_replace(java, r"\.0E", "E"), r"E(\d)", "e+$1")
+    return F.when(finite & integral, value.cast("decimal(38,0)").cast("string")).when(
+        finite, F.regexp_replace(exponent, "E-", "e-"))
+
+
 def parse_lines(spec: StreamSpec) -> Any:
-    """Parse ``raw`` JSON into the stream's fields (all as strings first) and flag malformed lines."""
-    json_schema = StructType(
-        [StructField(spec.json_name(f), StringType(), True) for f in spec.fields]
-        + [StructField("_corrupt_record", StringType(), True)]
-    )
+    """Parse ``raw`` JSON and give, per declared field, its JSON type (``_t_<field>``: STRING, BIGINT,
+    DECIMAL(p,s), DOUBLE, BOOLEAN, OBJECT<..>, ARRAY<..>, VOID for null; null when absent), its text
+    (``_s_<field>``: the string itself, or the canonical JSON text of any other value) and its value in
+    the declared type (``_v_<field>``, null when the JSON type cannot hold it). Flags lines that are not
+    valid UTF-8 (``_bad_encoding``) and lines that are not a JSON object (``_malformed``).
+
+    The line is parsed once, as a VARIANT, because the JSON type decides what is valid: a struct schema
+    would turn ``1.5e3`` into "1500.0", an object into its text and bad bytes into U+FFFD, silently."""
 
     def transform(df: DataFrame) -> DataFrame:
-        parsed = F.from_json(
-            "raw", json_schema, {"columnNameOfCorruptRecord": "_corrupt_record", "mode": "PERMISSIVE"}
-        )
-        df = df.withColumn("_json", parsed)
-        # A line is JSON we can use only if it is an object: from_json yields null for blank lines and
-        # fills _corrupt_record for anything else (arrays, scalars, truncated objects, plain text).
-        malformed = F.col("_json").isNull() | F.col("_json._corrupt_record").isNotNull()
-        return df.select(
-            "*",
-            *[F.col(f"_json.`{spec.json_name(f)}`").alias(f"_s_{f}") for f in spec.fields],
-            malformed.alias("_malformed"),
-        ).drop("_json")
+        utf8 = F.is_valid_utf8("raw")
+        doc = F.when(utf8, F.try_parse_json("raw"))
+        df = df.select("*", doc.alias("_doc"), (~utf8).alias("_bad_encoding"),
+                       (utf8 & (doc.isNull() | ~F.col("raw").rlike(r"^\s*\{"))).alias("_malformed"))
+        df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
+                              for f in spec.fields])
+        df = df.select("*", *[F.schema_of_variant(f"_j_{f}").alias(f"_t_{f}") for f in spec.fields])
+        df = df.select("*", *[_text(f).alias(f"_s_{f}") for f in spec.fields])
+        values = [typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME]
+        return df.select("*", *values).drop("_doc", *[f"_j_{f}" for f in spec.fields])
 
     return transform
+
+
+def _is_number(field_name: str) -> Column:
+    jtype = F.col(f"_t_{field_name}")
+    return F.greatest(*[jtype.startswith(t) for t in NUMBER_TYPES])
+
+
+def _text(field_name: str) -> Column:
+    value, jtype = F.col(f"_j_{field_name}"), F.col(f"_t_{field_name}")
+    return (
+        F.when(jtype == "STRING", F.variant_get(value, "$", "string"))
+        .when(jtype == "DOUBLE", _canonical_double(F.variant_get(value, "$", "double")))
+        .when(jtype != "VOID", F.to_json(value))
+    )
 
 
 def _rfc3339(text: Column) -> Column:
@@ -168,37 +250,42 @@ def _rfc3339(text: Column) -> Column:
 
 
 def typed_value(spec: StreamSpec, field_name: str) -> Column:
-    """The declared type's value of a field parsed as text, or null when the text cannot hold it."""
-    raw = F.col(f"_s_{field_name}")
+    """The declared type's value of a field, or null when its JSON type cannot hold it (SPEC 2: a number
+    is a string's canonical text; text is never a number; only true and false are booleans)."""
+    text, jtype = F.col(f"_s_{field_name}"), F.col(f"_t_{field_name}")
     kind = spec.type_of(field_name)
     if kind == "string":
-        return raw
+        return F.when((jtype == "STRING") | _is_number(field_name), text)
     if kind == "timestamp":
-        return _rfc3339(F.trim(raw))
+        return F.when(jtype == "STRING", _rfc3339(F.trim(text)))
     if kind == "boolean":
-        # JSON booleans only; Spark's cast would also read 'yes', 't' or '1' as true.
-        return F.when(raw == "true", F.lit(True)).when(raw == "false", F.lit(False))
-    return raw.try_cast(kind)
+        return F.when(jtype == "BOOLEAN", text == "true")
+    # long and double: a JSON number whose exact value the type holds ("1.5" is not a long).
+    return F.when(_is_number(field_name), text.try_cast(kind))
 
 
 def classify_invalid(spec: StreamSpec) -> Any:
-    """Assign quarantine reasons (malformed_json, missing_field, bad_timestamp, bad_type, early), in that
-    order, and the typed value of every field (``_v_<field>``)."""
+    """Assign quarantine reasons (bad_encoding, malformed_json, missing_field, bad_timestamp, bad_type,
+    early), in that order, with a ``detail`` that names the field."""
 
     def transform(df: DataFrame) -> DataFrame:
-        missing = [F.when(F.trim(F.col(f"_s_{f}")) == "", None).otherwise(F.col(f"_s_{f}")).isNull()
-                   for f in spec.required]
+        def absent(f: str) -> Column:
+            jtype = F.col(f"_t_{f}")
+            blank = (jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == "")
+            return jtype.isNull() | (jtype == "VOID") | blank
+
+        missing = [absent(f) for f in spec.required]
         missing_names = F.concat_ws(
             ",", *[F.when(m, F.lit(spec.json_name(f))) for m, f in zip(missing, spec.required, strict=True)]
         )
         raw_ts = F.trim(F.col(f"_s_{EVENT_TIME}"))
-        event_time = _rfc3339(raw_ts)
+        event_time = F.when(F.col(f"_t_{EVENT_TIME}") == "STRING", _rfc3339(raw_ts))
+        too_old = event_time < F.lit(EARLIEST_EVENT_TIME)
         any_missing = F.lit(False)
         for m in missing:
             any_missing = any_missing | m
-        # Fields other than event_time whose text the declared type cannot hold.
-        typed = [f for f in spec.fields if f != EVENT_TIME and spec.type_of(f) != "string"]
-        wrong = [(f, F.col(f"_s_{f}").isNotNull() & F.col(f"_v_{f}").isNull()) for f in typed]
+        # Fields other than event_time whose JSON value the declared type cannot hold.
+        wrong = [(f, ~absent(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
         bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
         bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
 
@@ -216,18 +303,23 @@ def classify_invalid(spec: StreamSpec) -> Any:
             f"make_dt_interval(0, 0, 0, {spec.early_tolerance.total_seconds()})"
         )
         reason = (
-            F.when(F.col("_malformed"), "malformed_json")
+            F.when(F.col("_bad_encoding"), "bad_encoding")
+            .when(F.col("_malformed"), "malformed_json")
             .when(any_missing, "missing_field")
-            .when(event_time.isNull(), "bad_timestamp")
+            .when(event_time.isNull() | too_old, "bad_timestamp")
             .when(any_of(bad_ts), "bad_timestamp")
             .when(any_of(bad_type), "bad_type")
             .when(event_time > early_bound, "early")
         )
         detail = (
-            F.when(F.col("_malformed"), None)
+            F.when(F.col("_bad_encoding"), BAD_ENCODING_DETAIL)
+            .when(F.col("_malformed"), None)
             .when(any_missing, F.concat(F.lit("missing: "), missing_names))
             .when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
                                                 F.coalesce(raw_ts, F.lit("<null>"))))
+            .when(too_old, F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts,
+                                    F.lit(f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest "
+                                          "event time sluice accepts")))
             .when(any_of(bad_ts), first(bad_ts, "RFC 3339 timestamp"))
             .when(any_of(bad_type), first(bad_type, ""))
             .when(event_time > early_bound, F.concat(F.lit("arrival_time + "),
@@ -235,10 +327,7 @@ def classify_invalid(spec: StreamSpec) -> Any:
         )
         return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
 
-    def with_values(df: DataFrame) -> DataFrame:
-        return df.select("*", *[typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME])
-
-    return lambda df: transform(with_values(df))
+    return transform
 
 
 def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
@@ -312,8 +401,10 @@ class StreamIngest:
     # -- the cycle ----------------------------------------------------------------------------------
     def run(self) -> list[BatchRow]:
         self.ensure_tables()
-        self.reconcile_heartbeats()
+        self.reconcile_single_row_batches()
         landing = self.settings.landing_dir(self.spec.name)
+        if landing.is_dir():
+            self.quarantine_unreadable(landing)
         if landing.is_dir() and self._pending(landing):
             self._run_query(landing)
         elif landing.is_dir():
@@ -336,15 +427,65 @@ class StreamIngest:
 
         if last(self.checkpoint / "offsets") != last(self.checkpoint / "commits"):
             return True
-        seen = {
-            unquote(urlparse(r.source_file).path)
-            for r in load_state(self.settings, self.spec.name).rows
-            if r.source_file
-        }
-        return any(
-            f.name.endswith(LANDING_SUFFIXES) and os.path.abspath(f) not in seen
-            for f in landing.iterdir()
-            if f.is_file()
+        return bool(self._new_files(landing))
+
+    def _new_files(self, landing: Path) -> list[Path]:
+        """Landing files that no ops row records yet, in arrival order (mtime, then path). Like Spark's
+        file source, names starting with '.' or '_' (in-flight files) are not landing files."""
+        seen = {local_path(r.source_file) for r in load_state(self.settings, self.spec.name).rows if r.source_file}
+        found = [
+            f for f in landing.iterdir()
+            if f.is_file() and f.name.endswith(LANDING_SUFFIXES) and not f.name.startswith((".", "_"))
+            and os.path.abspath(f) not in seen
+        ]
+        return sorted(found, key=lambda f: (f.stat().st_mtime, str(f)))
+
+    # -- unreadable files ---------------------------------------------------------------------------
+    def quarantine_unreadable(self, landing: Path) -> None:
+        """SPEC 2: a file that cannot be read at all (a corrupt or truncated .gz, no read permission) gets
+        one quarantine row, reason ``unreadable_file`` with the error in ``detail``, and its own ops row,
+        so that it never blocks the stream. The streaming query then skips it (``ignoreCorruptFiles``) and
+        drops any lines Spark could read from it before the corruption."""
+        new = self._new_files(landing)
+        errors = self._probe([str(f) for f in new])
+        state = load_state(self.settings, self.spec.name)
+        batch_id = state.last_batch_id
+        for f in new:
+            if errors.get(str(f)) is None:
+                continue
+            batch_id += 1
+            arrival = datetime.fromtimestamp(f.stat().st_mtime, tz=UTC)
+            # The file counts as one line, its one quarantine row, so lines = accepted + quarantined + late +
+            # duplicates still holds for every batch.
+            row = BatchRow(
+                stream=self.spec.name, batch_id=batch_id, lines=1, quarantined=1, watermark_before=state.watermark,
+                watermark_after=state.watermark, max_arrival_time=arrival, source_file=file_uri(os.path.abspath(f)),
+            )
+            log.warning("%s: %s cannot be read and is quarantined whole (%s)", self.spec.name, f.name, errors[str(f)])
+            self.engine.append_rows(
+                self._ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
+                app_id=app_id(self.spec.name), version=batch_id, metadata=self._single_meta(row),
+            )
+            self._write_unreadable(row, errors[str(f)])
+            self._report(row)
+
+    def _probe(self, paths: list[str]) -> dict[str, str | None]:
+        """probe_file for each path. Decompressing a .gz to its end is real work, so it runs on the
+        executors, never pulling file contents through the driver; other files only need an open()."""
+        gz = [p for p in paths if p.endswith(".gz")]
+        out = {p: probe_file(p) for p in paths if not p.endswith(".gz")}
+        if gz:
+            probed = self.spark.sparkContext.parallelize(gz, len(gz)).map(lambda p: (p, probe_file(p))).collect()
+            out.update(dict(probed))
+        return out
+
+    def _write_unreadable(self, row: BatchRow, error: str | None) -> None:
+        assert row.source_file is not None and row.max_arrival_time is not None
+        detail = f"file cannot be read: {error or 'unknown error (it may have been replaced since)'}"
+        record = (None, row.source_file, "unreadable_file", detail, row.max_arrival_time, row.batch_id)
+        self.engine.append_rows(
+            [record], self.quarantine.schema, self.quarantine.path(self.settings), app_id=app_id(self.spec.name),
+            version=row.batch_id, metadata=self._single_meta(row),
         )
 
     def _run_query(self, landing: Path) -> None:
@@ -352,6 +493,7 @@ class StreamIngest:
         stream = (
             self.spark.readStream.format("text")
             .option("pathGlobFilter", LANDING_GLOB)
+            .options(**LANDING_READ_OPTIONS)
             .option("maxFilesPerTrigger", str(self.settings.max_files_per_trigger))
             .load(str(landing))
             .select(
@@ -377,6 +519,12 @@ class StreamIngest:
             (collected_utc(r["arrival_time"]), r["source_file"])
             for r in df.select("arrival_time", "source_file").distinct().collect()
         )
+        # Lines Spark read from a file quarantined whole (the start of a truncated .gz) are not records.
+        unreadable = {local_path(r.source_file) for r in state.rows if r.unreadable and r.source_file}
+        skipped = [path for _arrival, path in files if local_path(path) in unreadable]
+        if skipped:
+            files = [(arrival, path) for arrival, path in files if path not in skipped]
+            df = df.filter(~F.col("source_file").isin(skipped))
         if not files:
             return
         existing = sorted(
@@ -497,8 +645,13 @@ class StreamIngest:
         accepted = accepted.repartition("event_date", "event_hour").sortWithinPartitions(
             spec.id_field, "ingest_batch_id"
         )
+        # A line that is not UTF-8 cannot be stored as text (readers of the table would fail on it), so
+        # its bytes are kept losslessly as base64, as its detail says.
+        # (Spark's base64 may wrap lines MIME-style; the stored text has no line breaks.)
+        b64 = F.regexp_replace(F.base64(F.col("raw").cast("binary")), r"\s", "")
+        raw = F.when(F.col("reason") == "bad_encoding", b64).otherwise(F.col("raw"))
         quarantined = final.filter(F.col("_status") == "quarantined").select(
-            "raw", "source_file", "reason", "detail", "arrival_time",
+            raw.alias("raw"), "source_file", "reason", "detail", "arrival_time",
             F.col("_file_seq").alias("ingest_batch_id"),
         ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
         late = final.filter(F.col("_status") == "late").select(
@@ -566,25 +719,32 @@ class StreamIngest:
         )
         self.engine.append_rows(
             self._ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
-            app_id=app_id(spec.name), version=row.batch_id, metadata=self._hb_meta(row),
+            app_id=app_id(spec.name), version=row.batch_id, metadata=self._single_meta(row),
         )
         self._write_heartbeat(row)
         self._report(row)
 
-    def reconcile_heartbeats(self) -> None:
-        """Finish heartbeats whose ops row was committed but whose bronze row was not (a crash between the
-        two commits), before any new batch can take a higher version."""
+    def reconcile_single_row_batches(self) -> None:
+        """Finish heartbeats and unreadable files whose ops row was committed but whose bronze or
+        quarantine row was not (a crash between the two commits), before any new batch can take a higher
+        version."""
         state = load_state(self.settings, self.spec.name)
-        done = self.engine.committed_version(self.bronze.path(self.settings), app_id(self.spec.name))
+        appid = app_id(self.spec.name)
+        bronze_done = self.engine.committed_version(self.bronze.path(self.settings), appid)
+        quarantine_done = self.engine.committed_version(self.quarantine.path(self.settings), appid)
         for row in state.rows:
-            if row.is_heartbeat and (done is None or row.batch_id > done):
+            if row.is_heartbeat and (bronze_done is None or row.batch_id > bronze_done):
                 log.warning("%s: completing heartbeat batch %s after an interrupted cycle",
                             self.spec.name, row.batch_id)
                 self._write_heartbeat(row)
+            elif row.unreadable and (quarantine_done is None or row.batch_id > quarantine_done):
+                log.warning("%s: completing the quarantine of unreadable file batch %s after an interrupted "
+                            "cycle", self.spec.name, row.batch_id)
+                self._write_unreadable(row, probe_file(local_path(row.source_file or "")))
 
-    def _hb_meta(self, row: BatchRow) -> dict[str, Any]:
+    def _single_meta(self, row: BatchRow) -> dict[str, Any]:
         return {
-            "stream": row.stream, "batch_ids": [row.batch_id, row.batch_id], "heartbeat": True,
+            "stream": row.stream, "batch_ids": [row.batch_id, row.batch_id], "heartbeat": row.is_heartbeat,
             "watermark_before": row.watermark_before, "watermark_after": row.watermark_after,
         }
 
@@ -607,7 +767,7 @@ class StreamIngest:
         )
         self.engine.append_rows(
             [record], self.bronze.schema, self.bronze.path(self.settings), app_id=app_id(spec.name),
-            version=row.batch_id, metadata=self._hb_meta(row),
+            version=row.batch_id, metadata=self._single_meta(row),
         )
 
     def _report(self, row: BatchRow) -> None:

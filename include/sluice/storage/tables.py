@@ -11,6 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 from pyspark.sql.types import (
     BooleanType,
     DataType,
@@ -137,7 +138,9 @@ INGEST_BATCHES = TableDef(
 # Heartbeat rows carry string keys with this prefix (see sluice.ingest); user code never sees them.
 HEARTBEAT_PREFIX = "__heartbeat__"
 
-QUARANTINE_REASONS = ("malformed_json", "missing_field", "bad_timestamp", "bad_type", "early")
+QUARANTINE_REASONS = (
+    "malformed_json", "missing_field", "bad_timestamp", "bad_type", "early", "bad_encoding", "unreadable_file",
+)
 
 
 def stream_tables(spec: StreamSpec) -> list[TableDef]:
@@ -188,6 +191,25 @@ def partition_hour(values: Mapping[str, Any]) -> datetime | None:
     if values.get("event_date") is None:
         return None
     return datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(hours=int(values["event_hour"]))
+
+
+def bronze_hours(path: Path) -> dict[datetime, int]:
+    """Event hours present in a bronze table and their record counts (heartbeats included), from the
+    partition values and file statistics in the Delta log: no data file is read."""
+    from deltalake import DeltaTable
+
+    if not DeltaTable.is_deltatable(str(path)):
+        return {}
+    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
+    hours: dict[datetime, int] = {}
+    if not actions.num_rows:
+        return hours
+    for part, records in zip(actions.column("partition").to_pylist(), actions.column("num_records").to_pylist(),
+                             strict=True):
+        hour = partition_hour(part or {})
+        if hour is not None:
+            hours[hour] = hours.get(hour, 0) + int(records or 0)
+    return hours
 
 
 def hours_overlapping(lo: datetime | None, hi: datetime | None) -> Callable[[Mapping[str, Any]], bool]:

@@ -1,0 +1,255 @@
+"""Bad input as producers send it (issue 14, SPEC section 2): it never blocks a stream, never loses a
+record and never changes a value. Each class is tried on two streams with different fields, among good
+lines, with real Spark and real Delta tables."""
+
+from __future__ import annotations
+
+import base64
+import gzip
+import json
+import os
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from sluice.cli.status import render_status
+from sluice.config import Settings
+from sluice.ingest.landing import load_state, local_path, run_ingest
+from sluice.storage.engine import RsDeltaEngine
+from sluice.storage.ledger import read_ledger
+from support import lake
+from support.lake import table
+from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+STREAMS = ["impressions", "events"]
+
+
+def ts(minutes: float) -> datetime:
+    return T0 + timedelta(minutes=minutes)
+
+
+def record(stream: str, record_id: Any, minutes: float = 1, **override: Any) -> dict[str, Any]:
+    """A valid record of ``stream`` (its own id and required fields), with fields overridden."""
+    when = ts(minutes).strftime("%Y-%m-%dT%H:%M:%SZ")
+    base = (
+        {"impression_id": record_id, "ad_id": "a1", "user_id": "u1", "event_time": when}
+        if stream == "impressions"
+        else {"event_id": record_id, "user_id": "u1", "event_type": "view", "event_time": when}
+    )
+    return {**base, **override}
+
+
+def id_field(stream: str) -> str:
+    return "impression_id" if stream == "impressions" else "event_id"
+
+
+def line(stream: str, record_id: Any, minutes: float = 1, **override: Any) -> str:
+    return json.dumps(record(stream, record_id, minutes, **override))
+
+
+def land_bytes(settings: Settings, stream: str, name: str, data: bytes, arrival_minutes: float) -> Path:
+    folder = settings.landing_dir(stream)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_bytes(data)
+    os.utime(path, (ts(arrival_minutes).timestamp(), ts(arrival_minutes).timestamp()))
+    return path
+
+
+def ingest(spark: SparkSession, settings: Settings, now_minutes: float, stream: str) -> Settings:
+    settings = replace(settings, now_override=ts(now_minutes))
+    run_ingest(spark, settings, RsDeltaEngine(spark), [stream])
+    return settings
+
+
+def bronze_ids(settings: Settings, stream: str) -> list[Any]:
+    return sorted(r[id_field(stream)] for r in table(settings, f"bronze/{stream}") if not r["is_heartbeat"])
+
+
+def balanced(settings: Settings, stream: str) -> dict[str, int]:
+    totals = load_state(settings, stream).totals()
+    assert totals["lines"] == totals["accepted"] + totals["quarantined"] + totals["late"] + totals["duplicates"]
+    return totals
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_an_unreadable_gzip_is_quarantined_whole_and_the_stream_goes_on(
+    spark: SparkSession, settings: Settings, stream: str
+) -> None:
+    whole = gzip.compress("".join(line(stream, f"t{i}") + "\n" for i in range(200)).encode())
+    land_bytes(settings, stream, "corrupt.jsonl.gz", b"this is not gzip data", 2)
+    land_bytes(settings, stream, "truncated.jsonl.gz", whole[: len(whole) // 2], 2)
+    lake.land(settings, stream, "good.jsonl", [line(stream, "good")], ts(2))
+    done = ingest(spark, settings, 3, stream)
+
+    # The good file is ingested; nothing Spark could read from the truncated file's start is a record.
+    assert bronze_ids(done, stream) == ["good"]
+    quarantine = {Path(local_path(r["source_file"])).name: r for r in table(done, f"quarantine/{stream}")}
+    assert sorted(quarantine) == ["corrupt.jsonl.gz", "truncated.jsonl.gz"]
+    assert {r["reason"] for r in quarantine.values()} == {"unreadable_file"}
+    assert quarantine["corrupt.jsonl.gz"]["raw"] is None
+    assert "Not a gzipped file" in quarantine["corrupt.jsonl.gz"]["detail"]
+    assert "ended before the end-of-stream marker" in quarantine["truncated.jsonl.gz"]["detail"]
+    # One ops row per unreadable file (it counts as one line), and the accounting balances.
+    batches = {Path(local_path(r.source_file or "")).name: r for r in load_state(done, stream).rows}
+    assert (batches["corrupt.jsonl.gz"].lines, batches["corrupt.jsonl.gz"].quarantined) == (1, 1)
+    assert balanced(done, stream) == {"lines": 3, "accepted": 1, "quarantined": 2, "late": 0, "duplicates": 0}
+    assert "truncated.jsonl.gz" in render_status(done) and "unreadable landing files" in render_status(done)
+
+    # The stream is not blocked: the next cycle ingests new files and quarantines nothing twice.
+    lake.land(settings, stream, "later.jsonl", [line(stream, "later", 20)], ts(21))
+    later = ingest(spark, settings, 22, stream)
+    assert bronze_ids(later, stream) == ["good", "later"]
+    assert len(table(later, f"quarantine/{stream}")) == 2
+    balanced(later, stream)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_file_names_with_colons_percent_hash_spaces_and_unicode_are_read(
+    spark: SparkSession, settings: Settings, stream: str
+) -> None:
+    names = [f"{stream}-2024-05-01T10:02:00Z.jsonl", "p%20q.jsonl", "h#x.jsonl", "with space.jsonl", "ünïcödé.jsonl"]
+    for i, name in enumerate(names):
+        lake.land(settings, stream, name, [line(stream, f"n{i}")], ts(2))
+    done = ingest(spark, settings, 3, stream)
+    assert bronze_ids(done, stream) == [f"n{i}" for i in range(len(names))]
+    folder = settings.landing_dir(stream)
+    recorded = sorted(local_path(r.source_file or "") for r in load_state(done, stream).rows if not r.is_heartbeat)
+    assert recorded == sorted(str(folder / name) for name in names)
+
+    # Each name is recognised as ingested: a later cycle reads only the new file, nothing twice.
+    lake.land(settings, stream, "next:file.jsonl", [line(stream, "next", 20)], ts(21))
+    later = ingest(spark, settings, 22, stream)
+    assert bronze_ids(later, stream) == sorted([f"n{i}" for i in range(len(names))] + ["next"])
+    assert balanced(later, stream)["duplicates"] == 0
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_rfc3339_lower_case_t_and_z(spark: SparkSession, settings: Settings, stream: str) -> None:
+    lake.land(settings, stream, "f.jsonl", [line(stream, "lower", event_time="2024-05-01t10:01:00z")], ts(2))
+    done = ingest(spark, settings, 3, stream)
+    [row] = [r for r in table(done, f"bronze/{stream}") if not r["is_heartbeat"]]
+    assert row["event_time"] == ts(1)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_event_times_before_1970_are_quarantined_not_lost(
+    spark: SparkSession, settings: Settings, stream: str
+) -> None:
+    """In a stream's first file nothing is late yet, so a year-1 time (Go's zero time) used to reach bronze
+    and then no window at all. Now it is a bad_timestamp, whatever file it comes in."""
+    lake.land(settings, stream, "first.jsonl", [
+        line(stream, "year1", event_time="0001-01-01T00:00:00Z"),
+        line(stream, "year1969", event_time="1969-12-31T23:59:59Z"),
+        line(stream, "epoch", event_time="1970-01-01T00:00:00Z"),
+        line(stream, "ok"),
+    ], ts(2))
+    done = ingest(spark, settings, 3, stream)
+    assert bronze_ids(done, stream) == ["epoch", "ok"]
+    quarantine = {json.loads(r["raw"])[id_field(stream)]: r for r in table(done, f"quarantine/{stream}")}
+    assert {k: r["reason"] for k, r in quarantine.items()} == {"year1": "bad_timestamp", "year1969": "bad_timestamp"}
+    assert quarantine["year1"]["detail"] == (
+        "event_time: 0001-01-01T00:00:00Z is before 1970-01-01T00:00:00Z, the earliest event time sluice accepts"
+    )
+    balanced(done, stream)
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_lines_that_are_not_utf8_are_quarantined_with_their_bytes(
+    spark: SparkSession, settings: Settings, stream: str
+) -> None:
+    garbage = b"\xff\xfe\x00 not text at all"
+    # Otherwise a valid record, with one Latin-1 byte inside a string value: it must not become U+FFFD.
+    latin1 = json.dumps(record(stream, "caf\u00e9"), ensure_ascii=False).encode("latin-1")
+    good = line(stream, "good").encode()
+    land_bytes(settings, stream, "mixed.jsonl", b"\n".join([garbage, latin1, good]) + b"\n", 2)
+    done = ingest(spark, settings, 3, stream)
+
+    assert bronze_ids(done, stream) == ["good"]
+    # The table stays readable by any Delta reader (no invalid UTF-8 in a string column) ...
+    rows = DeltaTable(str(done.lake / f"quarantine/{stream}")).to_pyarrow_table().to_pylist()
+    assert {r["reason"] for r in rows} == {"bad_encoding"}
+    assert {r["detail"] for r in rows} == {"line is not valid UTF-8; raw holds its bytes base64-encoded"}
+    # ... and the bytes are kept losslessly.
+    assert sorted(base64.b64decode(r["raw"], validate=True) for r in rows) == sorted([garbage, latin1])
+    assert balanced(done, stream)["quarantined"] == 2
+
+
+@pytest.mark.parametrize("stream", STREAMS)
+def test_wrong_json_types_are_bad_type_and_numbers_keep_their_canonical_text(
+    spark: SparkSession, settings: Settings, stream: str
+) -> None:
+    key = id_field(stream)
+    rest = '"user_id": "u1", "ad_id": "a1", "event_time": "2024-05-01T10:01:00Z"'
+    raw = [
+        # Written as JSON text: json.dumps would not keep 1.5e3 or a 20-digit integer as they are.
+        f'{{"{key}": 1.5e3, {rest}}}',
+        f'{{"{key}": 12345678901234567890, {rest}}}',
+        f'{{"{key}": 7, {rest}}}',
+        line(stream, {"a": 1}),
+        line(stream, ["x"]),
+        line(stream, True),
+        line(stream, "ok", user_id=42.0),  # a number for a string field: its canonical text, "42"
+        line(stream, "obj_user", user_id={"id": 1}),
+        line(stream, "1500"),  # the same id as 1.5e3 once canonical: a duplicate
+    ]
+    lake.land(settings, stream, "types.jsonl", raw, ts(2))
+    done = ingest(spark, settings, 3, stream)
+
+    bronze = {r[key]: r for r in table(done, f"bronze/{stream}") if not r["is_heartbeat"]}
+    assert sorted(bronze) == ["12345678901234567890", "1500", "7", "ok"]
+    assert bronze["ok"]["user_id"] == "42"
+    details = sorted((r["reason"], r["detail"]) for r in table(done, f"quarantine/{stream}"))
+    assert details == sorted([
+        ("bad_type", f'{key}: {{"a":1}} is not a string'),
+        ("bad_type", f'{key}: ["x"] is not a string'),
+        ("bad_type", f"{key}: true is not a string"),
+        ("bad_type", 'user_id: {"id":1} is not a string'),
+    ])
+    assert balanced(done, stream) == {"lines": 9, "accepted": 4, "quarantined": 4, "late": 0, "duplicates": 1}
+
+
+@pytest.mark.parametrize(
+    ("stream", "pipeline"), [("impressions", "ad_clicks_hourly"), ("events", "user_activity_hourly")]
+)
+def test_data_quality_catches_accepted_records_that_no_window_can_hold(
+    spark: SparkSession, settings: Settings, stream: str, pipeline: str, webhook: WebhookServer,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Bronze written before the rule above (or by another tool) may hold a year-1 record. No window,
+    ledger row or completeness check would ever see it; the DQ step finds it from the Delta log, fails a
+    window for it and alerts once."""
+    from sluice.storage import tables
+    from sluice.streaming.cycle import run_quality
+
+    lake.land(settings, stream, "f.jsonl", [line(stream, "ok")], ts(2))
+    done = ingest(spark, settings, 3, stream)
+    bronze = tables.bronze(done.stream(stream))
+    year1 = datetime(1, 1, 1, tzinfo=UTC)
+    values = {**record(stream, "year1"), "event_time": year1}
+    row = (*(values.get(f) for f in done.stream(stream).fields), ts(2), "file:/old.jsonl", 99, False,
+           year1.date(), 0)
+    RsDeltaEngine(spark).append_rows([row], bronze.schema, bronze.path(done), app_id="another-tool", version=0)
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    report = run_quality(done, pipeline, spark)
+    window = (year1, datetime(1970, 1, 1, tzinfo=UTC))
+    assert report.failed == {window: [(f"coverage:{stream}", f"1 accepted record(s) in bronze/{stream} before "
+                                       "1970-01-01T00:00:00Z reach no window; move them out of bronze (a backfill "
+                                       "cannot place them)")]}
+    [ledger] = [r for r in read_ledger(done, pipeline) if r.window_start == year1]
+    assert ledger.state == "failed" and f"coverage:{stream}" in (ledger.detail or "")
+    [alert] = webhook.posts()
+    assert alert["pipeline"] == pipeline and alert["failed"][0]["expectation"] == f"coverage:{stream}"
+
+    # Raised once: the next DQ step knows the window has failed.
+    assert run_quality(done, pipeline, spark).failed == {}
+    assert len(webhook.requests) == 1
