@@ -1,15 +1,22 @@
-"""Every line is accounted for, over several cycles, on generated data of known composition; and a job
-killed with SIGKILL mid-cycle loses nothing and doubles nothing when it runs again."""
+"""Every line is accounted for, over several cycles, on generated data of known composition that holds
+every class of bad input (SPEC section 2); and a job killed with SIGKILL mid-cycle loses nothing and doubles
+nothing when it runs again."""
 
 from __future__ import annotations
 
+import base64
+import binascii
+import gzip
 import os
 import shutil
 import subprocess
 import sys
+import zlib
+from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pytest
@@ -19,7 +26,7 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings, load_settings
 from sluice.ingest.landing import load_state, run_ingest
 from sluice.storage.engine import RsDeltaEngine
-from sluice_tools.generate import GenerateOptions, Manifest, generate
+from sluice_tools.generate import QUARANTINE_REASONS, GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark
 
@@ -35,6 +42,16 @@ OPTIONS = GenerateOptions(
     malformed_share=0.03,
     idle_gap_minutes=30,
     offset_timestamps=0.2,
+)
+# The accounting test's data: OPTIONS plus every bad-input class of issue 14 (type errors, bytes that are
+# not UTF-8, event times before 1970, unreadable .gz files among the plain ones, odd file names).
+EVERY_CLASS_OPTIONS = replace(
+    OPTIONS,
+    bad_type_share=0.02,
+    bad_encoding_share=0.02,
+    ancient_share=0.01,
+    unreadable_files=2,
+    odd_file_names=True,
 )
 
 
@@ -67,17 +84,44 @@ def _table_rows(settings: Settings, name: str) -> list[dict[str, object]]:
     return pa.table(DeltaTable(str(settings.lake / name)).to_pyarrow_table()).to_pylist()
 
 
+def _file_name(source_file: object) -> str:
+    """The landing file name of a ``source_file`` URI (``file:/.../a%20b.jsonl`` -> ``a b.jsonl``)."""
+    return Path(unquote(urlparse(str(source_file)).path)).name
+
+
+def _lines_not_utf8(landing: Path) -> list[bytes]:
+    """Every line of the stream's readable landing files that is not valid UTF-8, as bytes."""
+    out = []
+    for path in sorted(landing.iterdir()):
+        data = path.read_bytes()
+        if path.name.endswith(".gz"):
+            try:
+                data = gzip.decompress(data)
+            except (OSError, EOFError, zlib.error):
+                continue  # an unreadable file: one quarantine row of its own
+        for line in data.split(b"\n")[:-1]:
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError:
+                out.append(line)
+    return out
+
+
 def test_every_line_is_accounted_for_over_several_cycles(
     spark: SparkSession, settings: Settings, tmp_path: Path
 ) -> None:
-    staging, manifest = _generate(tmp_path, settings)
-    start = OPTIONS.start.timestamp()
+    options = EVERY_CLASS_OPTIONS
+    staging, manifest = _generate(tmp_path, settings, options)
+    # Every quarantine reason is in the data of every stream, so no comparison below is vacuous.
+    for stream in STREAMS:
+        assert all(manifest.streams[stream].quarantined[r] > 0 for r in QUARANTINE_REASONS), stream
+    start = options.start.timestamp()
     engine = RsDeltaEngine(spark)
     # Three cycles, each seeing the files that have arrived by then (one inside the idle gap).
     for cut_hours in (0.75, 1.25, 2.2):
         cut = start + cut_hours * 3600
         _reveal(staging, settings.landing, cut)
-        now = OPTIONS.start + timedelta(hours=cut_hours)
+        now = options.start + timedelta(hours=cut_hours)
         run_ingest(spark, replace(settings, now_override=now), engine, STREAMS)
         for stream in STREAMS:
             totals = load_state(settings, stream).totals()
@@ -99,6 +143,46 @@ def test_every_line_is_accounted_for_over_several_cycles(
         expected_reasons = {k: v for k, v in manifest.streams[stream].quarantined.items() if v}
         assert by_reason == expected_reasons, stream
         assert len(_table_rows(settings, f"dlq/{stream}")) == manifest.streams[stream].late
+
+        # Each landing file (odd names included) has its own ops row, with the manifest's counts.
+        expected_files = {
+            d.name: (d.lines, d.accepted, sum(d.quarantined.values()), d.late, d.duplicates)
+            for d in manifest.streams[stream].file_details
+        }
+        ops_files = {
+            _file_name(r.source_file): (r.lines, r.accepted, r.quarantined, r.late, r.duplicates)
+            for r in load_state(settings, stream).rows
+            if not r.is_heartbeat
+        }
+        assert ops_files == expected_files, stream
+
+        # A line that is not UTF-8 is kept losslessly: raw is the base64 of exactly its bytes.
+        encoded = [r for r in quarantine if r["reason"] == "bad_encoding"]
+        decoded = []
+        for row in encoded:
+            try:
+                raw = base64.b64decode(str(row["raw"]), validate=True)
+            except binascii.Error as exc:
+                raise AssertionError(f"{stream}: bad_encoding raw is not base64: {row['raw']!r}") from exc
+            with pytest.raises(UnicodeDecodeError):
+                raw.decode("utf-8")
+            decoded.append(raw)
+        assert Counter(decoded) == Counter(_lines_not_utf8(settings.landing_dir(stream))), stream
+
+        # An unreadable file is one row: no raw, an error in detail, the file's name in source_file.
+        unreadable = [r for r in quarantine if r["reason"] == "unreadable_file"]
+        assert sorted(_file_name(r["source_file"]) for r in unreadable) == sorted(
+            d.name for d in manifest.streams[stream].file_details if d.quarantined["unreadable_file"]
+        )
+        assert all(r["raw"] is None and str(r["detail"] or "").strip() for r in unreadable), unreadable
+
+    # Every quarantine table reads with delta-rs (no text it cannot decode, nothing Spark-only).
+    quarantine_tables = sorted(p.parent for p in (settings.lake / "quarantine").glob("*/_delta_log"))
+    assert [p.name for p in quarantine_tables] == sorted(STREAMS)
+    for table in quarantine_tables:
+        data = DeltaTable(str(table)).to_pyarrow_table()
+        assert data.num_rows == manifest.streams[table.name].quarantined_total
+        assert data.column("reason").null_count == 0
 
 
 def _table_snapshot(home: Path) -> dict[str, list[tuple[object, ...]]]:
@@ -136,6 +220,8 @@ def _run_cli(home: Path, now: str, extra_env: dict[str, str] | None = None) -> s
     )
 
 
+# The crash tests keep to the classic classes (OPTIONS): they are about commits interrupted at given points,
+# and their kill points count commits, which unreadable files (single-row batches of their own) would shift.
 CRASH_OPTIONS = replace(OPTIONS, hours=1.25, streams=("impressions", "clicks"), idle_gap_minutes=0)
 CRASH_NOW = (CRASH_OPTIONS.start + timedelta(hours=3)).isoformat()
 

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import hashlib
 import itertools
 import json
 import re
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -22,7 +24,10 @@ import pytest
 
 from sluice.config import ConfigError
 from sluice_tools.generate import (
+    ANCIENT_TIMESTAMPS,
+    BAD_BYTES,
     BAD_TIMESTAMPS,
+    BAD_TYPE_VALUES,
     GenerateOptions,
     Manifest,
     add_arguments,
@@ -37,6 +42,17 @@ RULES: dict[str, tuple[str, tuple[str, ...], timedelta]] = {
     "clicks": ("click_id", ("click_id", "impression_id", "ad_id", "event_time"), timedelta(minutes=10)),
     "events": ("event_id", ("event_id", "user_id", "event_time"), timedelta(minutes=5)),
 }
+# The declared string fields (SPEC section 2): an object, array or boolean there is a bad_type.
+STRING_FIELDS: dict[str, tuple[str, ...]] = {
+    "impressions": ("impression_id", "ad_id", "user_id"),
+    "clicks": ("click_id", "impression_id", "ad_id", "user_id"),
+    "events": ("event_id", "user_id", "event_type"),
+}
+REASONS = (
+    "malformed_json", "missing_field", "bad_timestamp", "early", "bad_type", "bad_encoding", "unreadable_file",
+)
+# The earliest event time the product accepts; earlier ones are bad_timestamp.
+EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
 EARLY_TOLERANCE = timedelta(minutes=5)
 JOIN_BOUND = timedelta(minutes=30)
 RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}(\.\d+)?(Z|[+-]\d{2}:\d{2})$")
@@ -58,6 +74,24 @@ OPTION_SETS = {
         offset_timestamps=0.5,
         disorder=240,
         gzip=True,
+    ),
+    # Every class of issue 14 besides the classic ones: plain files, with unreadable .jsonl.gz among them.
+    "every-class": GenerateOptions(
+        seed=5,
+        hours=2,
+        impressions_per_hour=400,
+        events_per_hour=300,
+        click_rate=0.2,
+        idle_gap_minutes=30,
+        late_share=0.02,
+        early_share=0.02,
+        duplicate_share=0.05,
+        malformed_share=0.03,
+        bad_type_share=0.02,
+        bad_encoding_share=0.02,
+        ancient_share=0.01,
+        unreadable_files=3,
+        odd_file_names=True,
     ),
     "short-files-events-only": GenerateOptions(
         seed=3,
@@ -88,12 +122,33 @@ def parse_ts(value: Any) -> datetime | None:
 
 
 def read_lines(path: Path) -> list[str]:
+    """The lines of a file; bytes that are not UTF-8 come back as lone surrogates (``surrogateescape``).
+    Raises (OSError, EOFError, zlib.error) when a .gz file cannot be read to its end."""
     raw = path.read_bytes()
     if path.name.endswith(".gz"):
         raw = gzip.decompress(raw)
-    text = raw.decode()
+    text = raw.decode("utf-8", "surrogateescape")
     assert text.endswith("\n")
     return text[:-1].split("\n")
+
+
+UNREADABLE = (OSError, EOFError, zlib.error)
+
+
+def line_count(path: Path) -> int:
+    """What a file counts for: its lines, or one for a file that cannot be read."""
+    try:
+        return len(read_lines(path))
+    except UNREADABLE:
+        return 1
+
+
+def is_utf8(line: str) -> bool:
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def landed_files(directory: Path) -> list[Path]:
@@ -131,7 +186,18 @@ def check_stream(directory: Path, stream: str) -> list[CheckedFile]:
         arrival = datetime.fromtimestamp(path.stat().st_mtime, UTC)
         checked = CheckedFile(path, arrival, watermark_before=watermark)
         batch_max: datetime | None = None
-        for line in read_lines(path):
+        try:
+            lines = read_lines(path)
+        except UNREADABLE:
+            # One quarantine row for the whole file; it counts as one line and moves nothing.
+            checked.lines.append(Checked("", "unreadable_file"))
+            checked.watermark_after = watermark
+            out.append(checked)
+            continue
+        for line in lines:
+            if not is_utf8(line):
+                checked.lines.append(Checked(line, "bad_encoding"))
+                continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
@@ -144,8 +210,10 @@ def check_stream(directory: Path, stream: str) -> list[CheckedFile]:
                 checked.lines.append(Checked(line, "missing_field", record=record))
                 continue
             ts = parse_ts(record["event_time"])
-            if ts is None:
+            if ts is None or ts < EARLIEST:
                 checked.lines.append(Checked(line, "bad_timestamp", record=record))
+            elif any(isinstance(record.get(name), dict | list | bool) for name in STRING_FIELDS[stream]):
+                checked.lines.append(Checked(line, "bad_type", ts, record))
             elif ts > arrival + EARLY_TOLERANCE:
                 checked.lines.append(Checked(line, "early", ts, record))
             elif watermark is not None and ts < watermark:
@@ -171,7 +239,7 @@ def rfc(ts: datetime | None) -> str | None:
 
 def summarise(files: list[CheckedFile]) -> dict[str, Any]:
     """The checker's findings in the manifest's per-stream format."""
-    reasons = ("malformed_json", "missing_field", "bad_timestamp", "early")
+    reasons = REASONS
     details = []
     for f in files:
         kinds = Counter(c.kind for c in f.lines)
@@ -271,8 +339,20 @@ def test_checker_reproduces_manifest_exactly(landed: dict[str, tuple[Path, Manif
     if "clicks" in checked:
         assert join_outcomes(checked["clicks"], checked["impressions"]) == data["streams"]["clicks"]["join"]
     # Every kind of line the options ask for is really there, so the comparison above is not vacuous.
+    options = OPTION_SETS[name]
+    asked = {
+        "early": options.early_share,
+        "bad_type": options.bad_type_share,
+        "bad_encoding": options.bad_encoding_share,
+        "unreadable_file": options.unreadable_files,
+        "ancient": options.ancient_share,
+    }
     for stream, files in checked.items():
         kinds = Counter(c.kind for f in files for c in f.lines)
+        kinds["ancient"] = sum(
+            1 for f in files for c in f.lines
+            if c.kind == "bad_timestamp" and c.record and c.record["event_time"] in ANCIENT_TIMESTAMPS
+        )
         for kind in (
             "accepted",
             "late",
@@ -281,8 +361,10 @@ def test_checker_reproduces_manifest_exactly(landed: dict[str, tuple[Path, Manif
             "malformed_json",
             "missing_field",
             "bad_timestamp",
+            *asked,
         ):
-            assert kinds[kind] > 0 or (kind == "early" and not OPTION_SETS[name].early_share), (stream, kind)
+            assert (kinds[kind] > 0) == bool(asked.get(kind, True)), (stream, kind)
+        assert kinds["unreadable_file"] == options.unreadable_files, stream
 
 
 def test_manifest_totals_equal_physical_lines(landed: dict[str, tuple[Path, Manifest]]) -> None:
@@ -291,10 +373,10 @@ def test_manifest_totals_equal_physical_lines(landed: dict[str, tuple[Path, Mani
             files = landed_files(root / stream)
             assert [p.name for p in files] == [d.name for d in sm.file_details]
             assert sm.files == len(files)
-            assert sm.lines == sum(len(read_lines(p)) for p in files)
+            assert sm.lines == sum(line_count(p) for p in files)
             assert sm.lines == sm.accepted + sm.quarantined_total + sm.late + sm.duplicates
             for d, p in zip(sm.file_details, files, strict=True):
-                assert d.lines == len(read_lines(p))
+                assert d.lines == line_count(p)
                 assert d.lines == d.accepted + sum(d.quarantined.values()) + d.late + d.duplicates
             totals = manifest.totals()[stream]
             assert totals["lines"] == sm.lines and totals["files"] == sm.files
@@ -339,13 +421,15 @@ def test_files_arrive_in_order_in_the_past_and_nothing_is_left_in_flight(
             files = landed_files(root / stream)
             mtimes = [p.stat().st_mtime_ns for p in files]
             assert mtimes == sorted(set(mtimes))
-            assert [p.name for p in files] == sorted(p.name for p in files)
+            if not manifest.options.odd_file_names:
+                assert [p.name for p in files] == sorted(p.name for p in files)
             assert all(m % 1_000_000_000 == 0 for m in mtimes)  # whole seconds
             assert datetime.fromtimestamp(mtimes[-1] / 1e9, UTC) <= span_end + timedelta(minutes=2)
 
 
-def test_malformed_lines_are_what_they_claim(landed: dict[str, tuple[Path, Manifest]]) -> None:
-    root, manifest = landed["idle-gap-gzip-heavy"]
+@pytest.mark.parametrize("name", ["idle-gap-gzip-heavy", "every-class"])
+def test_malformed_lines_are_what_they_claim(landed: dict[str, tuple[Path, Manifest]], name: str) -> None:
+    root, manifest = landed[name]
     for stream in manifest.streams:
         _, required, _ = RULES[stream]
         for f in check_stream(root / stream, stream):
@@ -362,9 +446,30 @@ def test_malformed_lines_are_what_they_claim(landed: dict[str, tuple[Path, Manif
                 elif c.kind == "bad_timestamp":
                     assert c.record is not None
                     assert all(c.record.get(name) is not None for name in required)
+                    if c.record["event_time"] in ANCIENT_TIMESTAMPS:
+                        # Well-formed, but before 1970.
+                        when = parse_ts(c.record["event_time"])
+                        assert when is not None and when < EARLIEST
+                        continue
                     assert c.record["event_time"] in BAD_TIMESTAMPS
                     with pytest.raises(ValueError):
                         datetime.fromisoformat(c.record["event_time"].replace("Z", "+00:00"))
+                elif c.kind == "bad_type":
+                    # Exactly one string field holds a value no string can; everything else is valid.
+                    assert c.record is not None and c.event_time is not None
+                    assert all(c.record.get(name) is not None for name in required)
+                    bad = [n for n in STRING_FIELDS[stream] if isinstance(c.record.get(n), dict | list | bool)]
+                    assert len(bad) == 1 and c.record[bad[0]] in BAD_TYPE_VALUES
+                    assert c.event_time <= f.arrival
+                elif c.kind == "bad_encoding":
+                    raw = c.line.encode("utf-8", "surrogateescape")
+                    with pytest.raises(UnicodeDecodeError):
+                        raw.decode("utf-8")
+                    assert any(b in raw for b in BAD_BYTES) and b"\r" not in raw
+                elif c.kind == "unreadable_file":
+                    assert f.path.name.endswith(".jsonl.gz")
+                    with pytest.raises(UNREADABLE):
+                        gzip.decompress(f.path.read_bytes())
 
 
 def test_time_rules_hold_with_clear_margins(landed: dict[str, tuple[Path, Manifest]]) -> None:
@@ -387,17 +492,20 @@ def test_time_rules_hold_with_clear_margins(landed: dict[str, tuple[Path, Manife
                             assert t >= c.watermark + timedelta(seconds=60)
 
 
+@pytest.mark.parametrize("name", ["idle-gap-gzip-heavy", "every-class"])
 def test_duplicates_are_byte_identical_copies_of_accepted_lines(
-    landed: dict[str, tuple[Path, Manifest]],
+    landed: dict[str, tuple[Path, Manifest]], name: str
 ) -> None:
-    root, manifest = landed["idle-gap-gzip-heavy"]
+    root, manifest = landed[name]
     for stream in manifest.streams:
         id_field = RULES[stream][0]
         accepted: dict[str, tuple[int, str]] = {}
         where = Counter()
-        for k, f in enumerate(check_stream(root / stream, stream)):
+        # "The next file" is the next regular one: an unreadable file in between holds no records.
+        readable = [f for f in check_stream(root / stream, stream) if f.lines[0].kind != "unreadable_file"]
+        for k, f in enumerate(readable):
             for c in f.lines:
-                assert c.record is not None or c.kind == "malformed_json"
+                assert c.record is not None or c.kind in ("malformed_json", "bad_encoding")
                 if c.kind == "accepted":
                     assert c.record is not None
                     accepted[c.record[id_field]] = (k, c.line)
@@ -408,12 +516,12 @@ def test_duplicates_are_byte_identical_copies_of_accepted_lines(
                     where["same file" if k0 == k else "next file"] += 1
                     assert k - k0 in (0, 1)
         assert where["same file"] > 0 and where["next file"] > 0, (stream, where)
-        # Late, early and quarantined records all carry ids of their own.
+        # Late, early and quarantined records all carry ids of their own (a bad_type id is no id).
         ids = Counter(
             c.record.get(id_field)
             for f in check_stream(root / stream, stream)
             for c in f.lines
-            if c.record is not None and c.kind != "duplicate" and id_field in c.record
+            if c.record is not None and c.kind != "duplicate" and isinstance(c.record.get(id_field), str)
         )
         assert max(ids.values()) == 1
 
@@ -497,6 +605,8 @@ def test_cli_flags_build_options_and_run_writes_manifest(tmp_path: Path) -> None
             "--file-minutes", "5", "--disorder", "2m", "--late-share", "0.01", "--early-share", "0",
             "--duplicate-share", "0.02", "--malformed-share", "0.03", "--idle-gap-minutes", "20",
             "--streams", "impressions,clicks", "--offset-timestamps", "0.5", "--gzip",
+            "--bad-type-share", "0.01", "--bad-encoding-share", "0.02", "--ancient-share", "0.03",
+            "--unreadable-files", "2", "--odd-file-names",
             "--manifest", str(tmp_path / "m.json"),
         ]
     )  # fmt: skip
@@ -518,6 +628,11 @@ def test_cli_flags_build_options_and_run_writes_manifest(tmp_path: Path) -> None
         streams=("impressions", "clicks"),
         offset_timestamps=0.5,
         gzip=True,
+        bad_type_share=0.01,
+        bad_encoding_share=0.02,
+        ancient_share=0.03,
+        unreadable_files=2,
+        odd_file_names=True,
     )
     manifest = run(ns, tmp_path / "landing")
     assert json.loads((tmp_path / "m.json").read_text()) == manifest.to_dict()
@@ -539,6 +654,11 @@ def test_cli_flags_build_options_and_run_writes_manifest(tmp_path: Path) -> None
         (["--start", "tomorrow"], "--start"),
         (["--idle-gap-minutes", "170"], "--idle-gap-minutes"),
         (["--click-rate", "2"], "--click-rate"),
+        (["--bad-type-share", "1.5"], "--bad-type-share"),
+        (["--bad-encoding-share", "-1"], "--bad-encoding-share"),
+        (["--ancient-share", "x"], "--ancient-share"),
+        (["--unreadable-files", "-1"], "--unreadable-files"),
+        (["--unreadable-files", "0.5"], "--unreadable-files"),
     ],
 )
 def test_invalid_flags_raise_config_error_naming_the_flag(argv: list[str], flag: str) -> None:
@@ -568,3 +688,101 @@ def test_some_records_carry_unknown_fields_or_lack_optional_ones(
         ]
         assert any(set(r or {}) - known[stream] for r in records)
         assert any(known[stream] - set(r or {}) for r in records)
+
+
+# ----------------------------------------------------------------------- bad-input options (issue 14)
+
+BAD_INPUT_OFF: dict[str, Any] = {
+    "bad_type_share": 0.0,
+    "bad_encoding_share": 0.0,
+    "ancient_share": 0.0,
+    "unreadable_files": 0,
+    "odd_file_names": False,
+}
+# sha256 over the names, mtimes and bytes of SMALL's files (see digest), computed with the generator as it
+# was before the bad-input options existed: off by default, they must not change a byte of it.
+SMALL_DIGEST = "34094859117fd421e6c9b14e3c5d7e6ed09c6ae9d250ffa0b1189ab44f837dd8"
+
+
+def digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file():
+            h.update(f"{p.relative_to(root).as_posix()}\0{p.stat().st_mtime_ns}\0".encode())
+            h.update(p.read_bytes())
+    return h.hexdigest()
+
+
+def test_bad_input_options_default_off_and_change_no_byte(tmp_path: Path) -> None:
+    defaults = GenerateOptions()
+    assert {k: getattr(defaults, k) for k in BAD_INPUT_OFF} == BAD_INPUT_OFF
+    assert options_from_args(parse([])) == defaults
+    implicit = generate(tmp_path / "implicit", SMALL)
+    explicit = generate(tmp_path / "explicit", replace(SMALL, **BAD_INPUT_OFF))
+    assert snapshot(tmp_path / "implicit") == snapshot(tmp_path / "explicit")
+    assert digest(tmp_path / "implicit") == SMALL_DIGEST
+    di, de = implicit.to_dict(), explicit.to_dict()
+    di.pop("landing"), de.pop("landing")
+    assert di == de
+    for totals in implicit.totals().values():
+        assert totals["bad_type"] == totals["bad_encoding"] == totals["unreadable_file"] == 0
+
+
+def test_bad_input_options_only_add_lines_and_files_and_the_manifest_counts_them(tmp_path: Path) -> None:
+    shares: dict[str, Any] = {"bad_type_share": 0.02, "bad_encoding_share": 0.03, "ancient_share": 0.01}
+    base = generate(tmp_path / "base", SMALL)
+    more = generate(tmp_path / "more", replace(SMALL, **shares, unreadable_files=2))
+    for stream in SMALL.streams:
+        b, m = base.totals()[stream], more.totals()[stream]
+        on_time = b["accepted"]  # the shares are fractions of the on-time records
+        expected = {k: max(round(share * on_time), 1) for k, share in shares.items()}
+        # The classic classes are untouched; ancient event times count as bad_timestamp.
+        for key in ("accepted", "late", "duplicates", "early", "malformed_json", "missing_field"):
+            assert m[key] == b[key], (stream, key)
+        assert m["bad_timestamp"] == b["bad_timestamp"] + expected["ancient_share"]
+        assert m["bad_type"] == expected["bad_type_share"]
+        assert m["bad_encoding"] == expected["bad_encoding_share"]
+        assert m["unreadable_file"] == 2 and m["files"] == b["files"] + 2
+        assert m["lines"] == b["lines"] + sum(expected.values()) + 2
+
+        # Every line of the plain output is still there, in the same order, in the file of the same name.
+        base_files = landed_files(tmp_path / "base" / stream)
+        more_files = {p.name: p for p in landed_files(tmp_path / "more" / stream)}
+        for p in base_files:
+            extra = iter(read_lines(more_files.pop(p.name)))
+            assert all(line in extra for line in read_lines(p)), p.name  # a subsequence
+        assert len(more_files) == 2 and all(n.endswith(".jsonl.gz") for n in more_files)
+
+        # What was written is what the manifest says: bytes that are not UTF-8 and unreadable files.
+        written = landed_files(tmp_path / "more" / stream)
+        details = {d.name: d for d in more.streams[stream].file_details}
+        assert sorted(details) == sorted(p.name for p in written)
+        for p in written:
+            d = details[p.name]
+            if p.name in more_files:
+                with pytest.raises(UNREADABLE):
+                    gzip.decompress(p.read_bytes())
+                assert (d.lines, d.quarantined["unreadable_file"]) == (1, 1)
+                assert d.watermark_before == d.watermark_after
+            else:
+                not_utf8 = [ln for ln in p.read_bytes().split(b"\n")[:-1] if not _decodes(ln)]
+                assert d.quarantined["bad_encoding"] == len(not_utf8)
+                assert d.quarantined["unreadable_file"] == 0
+
+
+def _decodes(raw: bytes) -> bool:
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def test_odd_file_names_use_every_odd_character(landed: dict[str, tuple[Path, Manifest]]) -> None:
+    root, manifest = landed["every-class"]
+    for stream, sm in manifest.streams.items():
+        names = [d.name for d in sm.file_details]
+        for odd in (":", "%", "#", " ", "ü"):
+            assert any(odd in n for n in names), (stream, odd)
+        assert any(re.fullmatch(rf"{stream}-\d{{8}}T\d{{6}}Z\.jsonl", n) for n in names)  # ordinary ones too
+        assert sorted(p.name for p in (root / stream).iterdir()) == sorted(names)

@@ -16,6 +16,22 @@ built around that rule and is unambiguous by construction:
 * malformed lines are unmistakable: truncated or non-JSON text, a dropped required field (never
   ``event_time``, which could read as a bad timestamp), or an ``event_time`` no parser accepts.
 
+Further bad-input classes of SPEC section 2, all off by default (the default output stays byte-identical):
+
+* ``bad_type``: a string field (an id, ``ad_id``, ``user_id``, ...) holding an object, an array or a
+  boolean; every other field is valid, so ``bad_type`` is the only reason that applies;
+* ``bad_encoding``: a line that is not valid UTF-8 (a stray byte-order mark ``ff fe``, a Latin-1 ``e9``, a lone
+  continuation byte), in a string value or between the fields of an otherwise valid record. Lines are
+  kept as ``str`` with the bad bytes as lone surrogates (``surrogateescape``) and written as those bytes;
+* ancient event times (year 1, or any time before 1970-01-01T00:00:00Z): quarantined as ``bad_timestamp``;
+* ``unreadable_file``: extra ``.jsonl.gz`` files that cannot be read at all (truncated, not gzip at all, or
+  a failing CRC), each arriving between two regular files. Each counts as one line and one quarantine row
+  and leaves the watermark alone;
+* odd file names: some files are named with ':', '%', '#', a space or non-ASCII letters.
+
+Bad records of these classes always carry fresh ids, sit in the slice of their file like on-time records
+and are never chosen as the original of a duplicate.
+
 The manifest is only as right as these rules, so :func:`generate` re-checks every margin before writing
 and fails loudly instead of writing a manifest that could be wrong.
 
@@ -36,6 +52,7 @@ import io
 import json
 import os
 import random
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
@@ -56,8 +73,13 @@ DEFAULT_STREAMS: dict[str, StreamSpec] = {
 }
 
 STREAMS: tuple[str, ...] = ("impressions", "clicks", "events")
-QUARANTINE_REASONS: tuple[str, ...] = ("malformed_json", "missing_field", "bad_timestamp", "early")
+# The manifest's reasons: the classic ones first (their order is kept), then the classes added by issue 14.
+QUARANTINE_REASONS: tuple[str, ...] = (
+    "malformed_json", "missing_field", "bad_timestamp", "early", "bad_type", "bad_encoding", "unreadable_file",
+)
 MALFORMED_KINDS: tuple[str, ...] = ("malformed_json", "missing_field", "bad_timestamp")
+# Line kinds a file can hold (an unreadable file holds no lines the product can see; it is counted apart).
+LINE_KINDS: tuple[str, ...] = ("accepted", "duplicate", "late", "early", *MALFORMED_KINDS, "bad_type", "bad_encoding")
 
 # The stream-stream join bound of SPEC section 4: impression <= click <= impression + 30 min.
 JOIN_BOUND_SECONDS = 30 * 60
@@ -71,6 +93,27 @@ EARLY_MARGIN_SECONDS = 2 * 3600
 # Unparsable in every RFC 3339 parser (month 13, words, slashes). An empty string is avoided: a consumer
 # could fairly read it as a missing field instead.
 BAD_TIMESTAMPS: tuple[str, ...] = ("yesterday", "2024-13-45T99:00:00Z", "01/05/2024 10:00", "not a timestamp")
+# Valid RFC 3339 timestamps before 1970-01-01T00:00:00Z, the earliest event time the product accepts: Go's
+# zero time (year 1) and other producer bugs. Quarantined as bad_timestamp. No positive offset in year 1
+# (its UTC instant would be in year 0, which no datetime can hold).
+ANCIENT_TIMESTAMPS: tuple[str, ...] = (
+    "0001-01-01T00:00:00Z",
+    "0001-01-01T00:00:00.000Z",
+    "1969-12-31T23:59:59Z",
+    "1900-01-01T12:00:00+02:00",
+    "1066-10-14T09:30:00-01:00",
+)
+# JSON values that no string field can hold (SPEC section 2). Numbers are not among them: a number given
+# for a string field is accepted as its canonical text.
+BAD_TYPE_VALUES: tuple[Any, ...] = ({"a": 1}, ["x"], True, False, {"id": "nested"}, [1, 2])
+# Byte sequences that are invalid UTF-8 wherever they appear, as lone surrogates (``surrogateescape``):
+# a UTF-16 byte-order mark, a Latin-1 'e acute' (a 3-byte lead byte followed by ASCII), a lone continuation
+# byte, and 0xff alone. None of them holds a line break.
+BAD_BYTES: tuple[bytes, ...] = (b"\xff\xfe", b"caf\xe9", b"\x80", b"\xff")
+# Styles of odd file names (odd_file_names); style 0 keeps the usual name, so most files stay ordinary.
+ODD_NAME_STYLES = 6
+# How an unreadable .gz file is broken, in turn.
+UNREADABLE_KINDS: tuple[str, ...] = ("truncated", "not_gzip", "bad_crc")
 # Non-UTC offsets for records that spell the same instant with a numeric offset.
 OFFSET_MINUTES: tuple[int, ...] = (120, -300, 330, 540, -210, 60)
 EVENT_TYPES: tuple[str, ...] = ("view", "scroll", "click", "add_to_cart", "purchase", "login")
@@ -130,6 +173,16 @@ class GenerateOptions:
     streams: tuple[str, ...] = STREAMS
     offset_timestamps: float = 0.1
     gzip: bool = False
+    # Bad-input classes of issue 14, all off by default so that the default output stays byte-identical.
+    # Shares are, like the others, fractions of a stream's on-time records (at least one when positive).
+    bad_type_share: float = 0.0
+    bad_encoding_share: float = 0.0
+    # Event times before 1970 (year 1 and others), quarantined as bad_timestamp.
+    ancient_share: float = 0.0
+    # Corrupt or truncated .jsonl.gz files per stream; each counts as one line (reason unreadable_file).
+    unreadable_files: int = 0
+    # Name some files with ':', '%', '#', a space or non-ASCII letters.
+    odd_file_names: bool = False
 
     def __post_init__(self) -> None:
         start = self.start if self.start.tzinfo else self.start.replace(tzinfo=UTC)
@@ -152,6 +205,9 @@ class GenerateOptions:
             ("--click-rate", self.click_rate),
             ("--click-outside-share", self.click_outside_share),
             ("--click-unknown-share", self.click_unknown_share),
+            ("--bad-type-share", self.bad_type_share),
+            ("--bad-encoding-share", self.bad_encoding_share),
+            ("--ancient-share", self.ancient_share),
         ):
             if not 0 <= value <= 1:
                 raise ConfigError(f"{flag}: {value!r} is out of range; use a share in [0, 1]")
@@ -165,6 +221,7 @@ class GenerateOptions:
             ("--file-minutes", self.file_minutes, 1),
             ("--disorder", self.disorder, 0),
             ("--idle-gap-minutes", self.idle_gap_minutes, 0),
+            ("--unreadable-files", self.unreadable_files, 0),
         ):
             if isinstance(number, bool) or not isinstance(number, int) or number < low:
                 raise ConfigError(f"{flag}: {number!r} must be a whole number >= {low}")
@@ -452,9 +509,21 @@ class _Base:
 class _Line:
     key: int  # position in the file (epoch seconds); ties keep creation order
     seq: int
+    # The line without its newline. Bytes that are not UTF-8 (bad_encoding) are lone surrogates, as
+    # ``surrogateescape`` decodes them, and are written back as the same bytes.
     text: str
-    kind: str  # accepted, duplicate, late, early, malformed_json, missing_field, bad_timestamp
+    kind: str  # one of LINE_KINDS
     event_time: int | None = None
+
+
+@dataclass
+class _Unreadable:
+    """A .jsonl.gz file that cannot be read at all, landing after regular file ``after`` (its index)."""
+
+    after: int
+    mtime: int
+    kind: str  # one of UNREADABLE_KINDS
+    payload: bytes
 
 
 @dataclass
@@ -597,8 +666,10 @@ def _render(
     payload: Mapping[str, Any],
     event_time: int | str,
     drop: str | None = None,
+    override: tuple[str, Any] | None = None,
 ) -> str:
-    """One JSON line: payload fields, then event_time, sometimes an unknown field or no optional field."""
+    """One JSON line: payload fields, then event_time, sometimes an unknown field or no optional field.
+    ``drop`` removes a field, ``override`` sets one (after the optional fields may have been left out)."""
     rng = data.rng
     record = dict(payload)
     if rng.random() < OMIT_OPTIONAL_SHARE:
@@ -614,7 +685,47 @@ def _render(
         record[name] = rng.choice(EXTRA_FIELDS[name])
     if drop is not None:
         record.pop(drop, None)
+    if override is not None:
+        record[override[0]] = override[1]
     return json.dumps(record, separators=(",", ":"))
+
+
+def _bad_bytes(rng: random.Random) -> str:
+    """Bytes that are invalid UTF-8 wherever they stand, as the lone surrogates ``surrogateescape`` gives."""
+    return rng.choice(BAD_BYTES).decode("utf-8", "surrogateescape")
+
+
+def _inject_bad_bytes(rng: random.Random, text: str, fields: Sequence[str]) -> str:
+    """A valid JSON line made invalid UTF-8: the bad bytes go at the end of a string value (the record
+    would otherwise be valid), at the start of the line (a UTF-16 byte-order mark) or between two fields."""
+    junk = _bad_bytes(rng)
+    where = rng.random()
+    if where < 0.6:
+        key = f'"{rng.choice(list(fields))}":"'
+        start = text.find(key)
+        if start >= 0:
+            end = text.index('"', start + len(key))
+            return text[:end] + junk + text[end:]
+    if where < 0.8:
+        return junk + text
+    comma = text.index(",")
+    return text[: comma + 1] + junk + text[comma + 1 :]
+
+
+def _unreadable_payload(rng: random.Random, kind: str, lines: Sequence[str]) -> bytes:
+    """The bytes of a .jsonl.gz file no reader can read to its end (``gzip`` raises on each of them)."""
+    plain = ("\n".join(lines) + "\n").encode()
+    if kind == "not_gzip":
+        # A producer that forgot to compress: JSON Lines under a .gz name.
+        return plain
+    packed = _gzip_bytes(plain)
+    if kind == "truncated":
+        # An upload cut off half-way: the header and part of the deflate stream, never the end of it.
+        return packed[: rng.randint(len(packed) // 3, len(packed) // 2)]
+    # bad_crc: the whole stream with a wrong CRC-32 in the trailer (every line decompresses, then it fails).
+    trailer = bytearray(packed[-8:])
+    trailer[0] ^= 0xFF
+    return packed[:-8] + bytes(trailer)
 
 
 def _corrupt(rng: random.Random, text: str) -> str:
@@ -639,6 +750,7 @@ class _Assembly:
         self.delay = int(spec.watermark_delay.total_seconds())
         self.tolerance = int(spec.early_tolerance.total_seconds())
         self.seq = 0
+        self.unreadable: list[_Unreadable] = []
         by_slice: dict[int, list[_Base]] = {}
         for b in base:
             s = data.picker.slice_of(b.emit)
@@ -671,6 +783,77 @@ class _Assembly:
 
     def watermark_before(self, k: int) -> int | None:
         return self.max_through[k - 1] - self.delay if k > 0 else None
+
+    def _fresh_line(self, make: Callable[[int], dict[str, Any]]) -> tuple[_File, int, int, dict[str, Any]]:
+        """A file, a position in its slice and an on-time event time for a bad record with a fresh id."""
+        rng = self.data.rng
+        f = rng.choice(self.files)
+        key = rng.randrange(f.slice.start, f.slice.end)
+        t = self.data.trailing(key)
+        return f, key, t, make(t)
+
+    def _string_fields(self) -> list[str]:
+        return [f for f in (*self.spec.required, *self.spec.optional)
+                if f != "event_time" and self.spec.type_of(f) == "string"]
+
+    def add_bad_type(self, count: int, make: Callable[[int], dict[str, Any]]) -> None:
+        """Records whose only fault is a string field holding an object, an array or a boolean."""
+        rng = self.data.rng
+        fields = self._string_fields()
+        for _ in range(count if self.files and fields else 0):
+            f, key, t, payload = self._fresh_line(make)
+            bad = (rng.choice(fields), rng.choice(BAD_TYPE_VALUES))
+            f.lines.append(self._line(key, _render(self.data, self.spec, payload, t, override=bad), "bad_type", None))
+
+    def add_bad_encoding(self, count: int, make: Callable[[int], dict[str, Any]]) -> None:
+        """Otherwise valid records with bytes that are not UTF-8 in a value or between fields."""
+        rng = self.data.rng
+        # Required string fields are always present, so a value to spoil is always found.
+        fields = [f for f in self._string_fields() if f in self.spec.required]
+        for _ in range(count if self.files else 0):
+            f, key, t, payload = self._fresh_line(make)
+            text = _inject_bad_bytes(rng, _render(self.data, self.spec, payload, t), fields or ["event_time"])
+            f.lines.append(self._line(key, text, "bad_encoding", None))
+
+    def add_ancient(self, count: int, make: Callable[[int], dict[str, Any]]) -> None:
+        """Records with a well-formed event time before 1970 (year 1 and others): bad_timestamp."""
+        rng = self.data.rng
+        for _ in range(count if self.files else 0):
+            f, key, _t, payload = self._fresh_line(make)
+            text = _render(self.data, self.spec, payload, rng.choice(ANCIENT_TIMESTAMPS))
+            f.lines.append(self._line(key, text, "bad_timestamp", None))
+
+    def add_unreadable(self, count: int, make: Callable[[int], dict[str, Any]]) -> None:
+        """Unreadable .jsonl.gz files, each arriving strictly between two regular files (after the last
+        one only when no two files leave room), so no arrival time is shared and the latest arrival, which
+        decides idleness, moves by a minute at most. Their content is fresh valid records, so a product
+        that takes in the part it can read counts them as accepted and the totals show it."""
+        if count == 0 or not self.files:
+            return
+        rng = self.data.rng
+        mtimes = [f.mtime for f in self.files]
+        room = [k for k in range(len(mtimes) - 1) if mtimes[k + 1] - mtimes[k] >= 2]
+        taken = set(mtimes)
+        for i in range(count):
+            for _attempt in range(1000):
+                k = rng.choice(room) if room else len(mtimes) - 1
+                hi = min(mtimes[k + 1] - 1, mtimes[k] + 60) if room else mtimes[k] + 60
+                mtime = rng.randint(mtimes[k] + 1, hi)
+                if mtime not in taken:
+                    break
+            else:
+                raise ConfigError(f"--unreadable-files: no room for {count} unreadable files among "
+                                  f"{len(mtimes)} {self.data.name} files; use fewer")
+            taken.add(mtime)
+            s = self.files[k].slice
+            lines = []
+            for _ in range(rng.randint(20, 40)):
+                key = rng.randrange(s.start, s.end)
+                t = self.data.trailing(key)
+                lines.append(_render(self.data, self.spec, make(t), t))
+            kind = UNREADABLE_KINDS[i % len(UNREADABLE_KINDS)]
+            self.unreadable.append(_Unreadable(k, mtime, kind, _unreadable_payload(rng, kind, lines)))
+        self.unreadable.sort(key=lambda u: u.mtime)
 
     def add_late(self, count: int, make: Callable[[int], dict[str, Any]]) -> None:
         if count == 0 or len(self.files) < 2:
@@ -760,18 +943,30 @@ class _Assembly:
                     t is None or t <= f.mtime + self.tolerance + SAFETY_MARGIN_SECONDS
                 ):
                     problem = "early record not clearly early"
+                problem = problem or _encoding_problem(ln)
                 if problem:
-                    raise RuntimeError(f"{self.data.name}: {problem} in slice {f.slice.index}: {ln.text}")
+                    raise RuntimeError(f"{self.data.name}: {problem} in slice {f.slice.index}: {ln.text!r}")
         mtimes = [f.mtime for f in self.files]
         if mtimes != sorted(set(mtimes)):
             raise RuntimeError(f"{self.data.name}: file arrival times are not strictly increasing")
+        every = sorted([*mtimes, *(u.mtime for u in self.unreadable)])
+        if every != sorted(set(every)):
+            raise RuntimeError(f"{self.data.name}: an unreadable file shares an arrival time")
+        for u in self.unreadable:
+            if _gzip_error(u.payload) is None:
+                raise RuntimeError(f"{self.data.name}: an unreadable ({u.kind}) file reads without error")
 
-    def manifest(self, names: Sequence[str], join: dict[str, int] | None) -> StreamManifest:
+    def manifest(
+        self, names: Sequence[str], unreadable_names: Sequence[str], join: dict[str, int] | None
+    ) -> StreamManifest:
+        """Per file in arrival order, regular and unreadable ones. An unreadable file is one line, one
+        ``unreadable_file`` quarantine row, and leaves the watermark where the file before it left it."""
         out = StreamManifest(self.data.name, join=join)
         accepted_times: list[int] = []
         wm_after: int | None = None
+        unreadable = list(zip(self.unreadable, unreadable_names, strict=True))
         for k, (f, name) in enumerate(zip(self.files, names, strict=True)):
-            counts = {kind: 0 for kind in ("accepted", "duplicate", "late", "early", *MALFORMED_KINDS)}
+            counts = dict.fromkeys(LINE_KINDS, 0)
             for ln in f.lines:
                 counts[ln.kind] += 1
             accepted_times.extend(f.accepted_times())
@@ -785,18 +980,34 @@ class _Assembly:
                     event_end=_dt(f.slice.end),
                     lines=len(f.lines),
                     accepted=counts["accepted"],
-                    quarantined={r: counts[r] for r in QUARANTINE_REASONS},
+                    quarantined={r: counts.get(r, 0) for r in QUARANTINE_REASONS},
                     late=counts["late"],
                     duplicates=counts["duplicate"],
                     watermark_before=_dt(wm_before) if wm_before is not None else None,
                     watermark_after=_dt(wm_after),
                 )
             )
+            for u, u_name in (pair for pair in unreadable if pair[0].after == k):
+                out.file_details.append(
+                    FileManifest(
+                        name=u_name,
+                        arrival=_dt(u.mtime),
+                        event_start=_dt(f.slice.start),
+                        event_end=_dt(f.slice.end),
+                        lines=1,
+                        accepted=0,
+                        quarantined={r: int(r == "unreadable_file") for r in QUARANTINE_REASONS},
+                        late=0,
+                        duplicates=0,
+                        watermark_before=_dt(wm_after),
+                        watermark_after=_dt(wm_after),
+                    )
+                )
         if self.files:
             out.min_event_time = _dt(min(accepted_times))
             out.max_event_time = _dt(max(accepted_times))
-            out.first_arrival = _dt(self.files[0].mtime)
-            out.last_arrival = _dt(self.files[-1].mtime)
+            out.first_arrival = out.file_details[0].arrival
+            out.last_arrival = out.file_details[-1].arrival
             out.final_watermark = _dt(wm_after) if wm_after is not None else None
         return out
 
@@ -811,23 +1022,82 @@ def _dt(ts: int) -> datetime:
     return datetime.fromtimestamp(ts, UTC)
 
 
-def _file_name(stream: str, s: _Slice, compress: bool) -> str:
-    return f"{stream}-{_dt(s.start):%Y%m%dT%H%M%SZ}.jsonl" + (".gz" if compress else "")
+def _file_stem(stream: str, s: _Slice, odd: bool) -> str:
+    """``<stream>-<slice start>``; with ``odd`` names, five slices in six are named with ':', '%', '#',
+    a space or non-ASCII letters instead, chosen by the slice index (no random draw)."""
+    start = _dt(s.start)
+    style = s.index % ODD_NAME_STYLES if odd else 0
+    if style == 1:
+        return f"{stream}-{start:%Y-%m-%dT%H:%M:%SZ}"
+    if style == 2:
+        return f"{stream}%20{start:%Y%m%dT%H%M%SZ}"
+    if style == 3:
+        return f"{stream}#{start:%Y%m%dT%H%M%SZ}"
+    if style == 4:
+        return f"{stream} {start:%Y%m%dT%H%M%SZ}"
+    if style == 5:
+        return f"{stream}-ünïcödé-{start:%Y%m%dT%H%M%SZ}"
+    return f"{stream}-{start:%Y%m%dT%H%M%SZ}"
+
+
+def _file_name(stream: str, s: _Slice, compress: bool, odd: bool = False) -> str:
+    return _file_stem(stream, s, odd) + ".jsonl" + (".gz" if compress else "")
+
+
+def _unreadable_name(stream: str, s: _Slice, kind: str, mtime: int, odd: bool) -> str:
+    """After the name of the file it follows: ``<stem>.upload-<arrival>-<kind>.jsonl.gz`` ('.u' sorts
+    after '.jsonl', so names keep the arrival order of plain names, and the arrival keeps them unique)."""
+    return f"{_file_stem(stream, s, odd)}.upload-{_dt(mtime):%H%M%S}-{kind}.jsonl.gz"
+
+
+def _encode(lines: Sequence[str]) -> bytes:
+    """The file content; lone surrogates are the bytes that are not UTF-8 (bad_encoding lines)."""
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+
+
+def _encoding_problem(ln: _Line) -> str | None:
+    """A bad_encoding line must not be UTF-8 and must hold no line break; every other line must be UTF-8."""
+    try:
+        ln.text.encode("utf-8")
+    except UnicodeEncodeError:
+        if ln.kind != "bad_encoding":
+            return "a line that is not UTF-8"
+        if any(c in ln.text for c in "\r\n"):
+            return "a line break inside a line"
+        return None
+    return "a bad_encoding line that is valid UTF-8" if ln.kind == "bad_encoding" else None
+
+
+def _gzip_bytes(payload: bytes) -> bytes:
+    buffer = io.BytesIO()
+    # mtime=0 and no file name in the header keep gzip output byte-identical between runs.
+    with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as gz:
+        gz.write(payload)
+    return buffer.getvalue()
+
+
+def _gzip_error(payload: bytes) -> str | None:
+    """Why ``payload`` cannot be read as gzip to its end, or None when it can."""
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(payload), mode="rb") as gz:
+            while gz.read(1 << 20):
+                pass
+    except (OSError, EOFError, zlib.error) as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return None
 
 
 def _write_file(path: Path, lines: Sequence[str], mtime: int, compress: bool) -> None:
+    payload = _encode(lines)
+    _write_bytes(path, _gzip_bytes(payload) if compress else payload, mtime)
+
+
+def _write_bytes(path: Path, payload: bytes, mtime: int) -> None:
     """Write under an in-flight name (leading dot), stamp the arrival time, then rename into place.
 
     The mtime is set before the rename (a rename keeps it), so the product never sees the file with the
     wall-clock time, and once more after it for file systems that do not keep it.
     """
-    payload = ("\n".join(lines) + "\n").encode()
-    if compress:
-        buffer = io.BytesIO()
-        # mtime=0 and no file name in the header keep gzip output byte-identical between runs.
-        with gzip.GzipFile(filename="", mode="wb", fileobj=buffer, mtime=0) as gz:
-            gz.write(payload)
-        payload = buffer.getvalue()
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_bytes(payload)
     os.utime(tmp, (mtime, mtime))
@@ -877,6 +1147,11 @@ def generate(
         # At least one line of each malformed kind whenever malformed lines are asked for at all.
         malformed = _count(options.malformed_share, n)
         asm.add_malformed(max(malformed, len(MALFORMED_KINDS)) if malformed else 0, make)
+        # Issue 14's classes come last and draw nothing when off, so the lines above never change.
+        asm.add_bad_type(_count(options.bad_type_share, n), make)
+        asm.add_bad_encoding(_count(options.bad_encoding_share, n), make)
+        asm.add_ancient(_count(options.ancient_share, n), make)
+        asm.add_unreadable(options.unreadable_files, make)
         asm.verify()
 
         directory = landing / name
@@ -884,15 +1159,20 @@ def generate(
         names: list[str] = []
         for f in asm.files:
             f.lines.sort(key=lambda ln: (ln.key, ln.seq))
-            file_name = _file_name(name, f.slice, options.gzip)
+            file_name = _file_name(name, f.slice, options.gzip, options.odd_file_names)
             _write_file(directory / file_name, [ln.text for ln in f.lines], f.mtime, options.gzip)
             names.append(file_name)
+        unreadable_names: list[str] = []
+        for u in asm.unreadable:
+            file_name = _unreadable_name(name, asm.files[u.after].slice, u.kind, u.mtime, options.odd_file_names)
+            _write_bytes(directory / file_name, u.payload, u.mtime)
+            unreadable_names.append(file_name)
         join = None
         if name == "clicks":
             join = {"matched": 0, "outside_bound": 0, "unknown_impression": 0}
             for b in base:
                 join[b.kind] += 1
-        streams[name] = asm.manifest(names, join)
+        streams[name] = asm.manifest(names, unreadable_names, join)
 
     idle_gap = (_dt(gap[0]), _dt(gap[1])) if gap else None
     return Manifest(landing=landing, options=options, streams=streams, idle_gap=idle_gap)
@@ -921,11 +1201,16 @@ _FLAGS: tuple[tuple[str, str, str], ...] = (
     ("--idle-gap-minutes", "idle_gap_minutes", "minutes without files in the middle of the span (0: none)"),
     ("--streams", "streams", "comma-separated streams to generate"),
     ("--offset-timestamps", "offset_timestamps", "share of event times written with a numeric UTC offset"),
+    ("--bad-type-share", "bad_type_share", "records with an object, array or boolean in a string field"),
+    ("--bad-encoding-share", "bad_encoding_share", "lines that are not valid UTF-8"),
+    ("--ancient-share", "ancient_share", "records with an event time before 1970 (bad_timestamp)"),
+    ("--unreadable-files", "unreadable_files", "corrupt or truncated .jsonl.gz files per stream"),
 )
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add a flag for every :class:`GenerateOptions` field, plus ``--gzip`` and ``--manifest``."""
+    """Add a flag for every :class:`GenerateOptions` field, plus ``--gzip``, ``--odd-file-names`` and
+    ``--manifest``."""
     defaults = GenerateOptions()
     for flag, attr, text in _FLAGS:
         value = getattr(defaults, attr)
@@ -938,6 +1223,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             flag, dest=attr, default=str(value), metavar=attr.upper(), help=f"{text} (default: {value})"
         )
     parser.add_argument("--gzip", action="store_true", default=False, help="write .jsonl.gz files")
+    parser.add_argument(
+        "--odd-file-names", action="store_true", default=False,
+        help="name some files with ':', '%%', '#', a space or non-ASCII letters",
+    )
     parser.add_argument(
         "--manifest", type=Path, default=None, metavar="PATH", help="write the manifest JSON here"
     )
@@ -975,6 +1264,7 @@ def options_from_args(ns: argparse.Namespace) -> GenerateOptions:
             kind = type(getattr(defaults, attr))
             values[attr] = _number(raw, flag, float if kind is float else kind)
     values["gzip"] = bool(getattr(ns, "gzip", False))
+    values["odd_file_names"] = bool(getattr(ns, "odd_file_names", False))
     return GenerateOptions(**values)
 
 
