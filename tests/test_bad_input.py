@@ -253,3 +253,39 @@ def test_data_quality_catches_accepted_records_that_no_window_can_hold(
     # Raised once: the next DQ step knows the window has failed.
     assert run_quality(done, pipeline, spark).failed == {}
     assert len(webhook.requests) == 1
+
+
+def test_a_crash_between_an_unreadable_files_two_commits_is_completed_on_the_rerun(tmp_path: Path) -> None:
+    """SIGKILL right after the ops row of an unreadable file, before its quarantine row: the rerun finishes
+    the quarantine, exactly once, and ingests the rest."""
+    import subprocess
+    import sys
+
+    home = tmp_path / "home"
+    folder = home / "landing" / "impressions"
+    folder.mkdir(parents=True)
+    (folder / "broken.jsonl.gz").write_bytes(b"not gzip")
+    (folder / "good.jsonl").write_text(line("impressions", "good") + "\n")
+    for f in folder.iterdir():
+        os.utime(f, (ts(2).timestamp(), ts(2).timestamp()))
+
+    def ingest_cli(**env: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "sluice.cli", "ingest", "impressions"],
+            env={**os.environ, "SLUICE_HOME": str(home), "SLUICE_NOW": ts(3).isoformat(),
+                 "PYSPARK_PYTHON": sys.executable, **env},
+            capture_output=True, text=True, timeout=600,
+        )
+
+    killed = ingest_cli(SLUICE_KILL_AFTER_COMMIT="ops/ingest_batches:1")
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert not DeltaTable.is_deltatable(str(home / "lake/quarantine/impressions")) or not DeltaTable(
+        str(home / "lake/quarantine/impressions")).to_pyarrow_table().num_rows
+    rerun = ingest_cli()
+    assert rerun.returncode == 0, rerun.stderr[-2000:]
+    quarantine = DeltaTable(str(home / "lake/quarantine/impressions")).to_pyarrow_table().to_pylist()
+    assert [(Path(local_path(r["source_file"])).name, r["reason"]) for r in quarantine] == [
+        ("broken.jsonl.gz", "unreadable_file")]
+    assert "Not a gzipped file" in quarantine[0]["detail"]
+    bronze = DeltaTable(str(home / "lake/bronze/impressions")).to_pyarrow_table().to_pylist()
+    assert [r["impression_id"] for r in bronze if not r["is_heartbeat"]] == ["good"]
