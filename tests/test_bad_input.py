@@ -289,3 +289,34 @@ def test_a_crash_between_an_unreadable_files_two_commits_is_completed_on_the_rer
     assert "Not a gzipped file" in quarantine[0]["detail"]
     bronze = DeltaTable(str(home / "lake/bronze/impressions")).to_pyarrow_table().to_pylist()
     assert [r["impression_id"] for r in bronze if not r["is_heartbeat"]] == ["good"]
+
+
+def test_a_cycle_that_quarantines_an_unreadable_file_alerts(
+    spark: SparkSession, settings: Settings, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from sluice.quality.checker import deliver_pending_alerts
+    from sluice.streaming.cycle import run_cycle
+
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    land_bytes(settings, "events", "broken.jsonl.gz", b"not gzip", 2)
+    lake.land(settings, "events", "good.jsonl", [line("events", "good")], ts(2))
+    # As the DAG runs it: the cycle leaves the alert pending, the alert task delivers it.
+    run_cycle(replace(settings, now_override=ts(3)), "user_activity_hourly", spark=spark,
+              check_quality=False, deliver_alerts=False)
+    assert webhook.requests == []
+    [pending] = table(settings, "ops/alerts")
+    assert pending["window_start"] is None and pending["channels"] == "pending"
+    [sent] = deliver_pending_alerts(settings, "user_activity_hourly")
+    [post] = webhook.posts()
+    path = str(settings.landing_dir("events") / "broken.jsonl.gz")
+    assert post["event"] == "sluice.unreadable_file" and post["window_start"] is None
+    assert post["failed"] == [{"expectation": "unreadable_file:events", "observed_value": path}]
+    assert sent == post["message"] == (
+        "sluice: user_activity_hourly: 1 landing file could not be read and was quarantined whole "
+        f"(unreadable_file): unreadable_file:events ({path})"
+    )
+    assert deliver_pending_alerts(settings, "user_activity_hourly") == []
+
+    # Raised once: the next cycle finds nothing new to quarantine and alerts nobody.
+    run_cycle(replace(settings, now_override=ts(20)), "user_activity_hourly", spark=spark, check_quality=False)
+    assert len(webhook.requests) == 1

@@ -94,20 +94,35 @@ def _one_line(value: object) -> str:
     return " ".join(str(value).split())
 
 
+#: Alert kinds: a closed window failed its checks; landing files could not be read (quarantined whole).
+DQ_FAILURE = "dq_failure"
+UNREADABLE_FILE = "unreadable_file"
+
+
 @dataclass(frozen=True)
 class Alert:
-    """One data-quality failure of one closed window of one pipeline."""
+    """One data-quality failure of one closed window of one pipeline (kind ``dq_failure``), or the landing
+    files a cycle of it could not read (kind ``unreadable_file``: no window, one item per file)."""
 
     pipeline: str
-    window_start: datetime
-    window_end: datetime
+    window_start: datetime | None
+    window_end: datetime | None
     failed: list[dict[str, str]]  # each {"expectation": ..., "observed_value": ...}
     docs_path: str | None
     raised_at: datetime
+    kind: str = DQ_FAILURE
+
+    @classmethod
+    def unreadable_files(cls, pipeline: str, files: Iterable[tuple[str, str]], raised_at: datetime) -> Alert:
+        """``files``: (stream, path) of each landing file quarantined whole in one cycle."""
+        failed = [{"expectation": f"{UNREADABLE_FILE}:{stream}", "observed_value": path} for stream, path in files]
+        return cls(pipeline, None, None, failed, None, raised_at, UNREADABLE_FILE)
 
     @property
     def window_label(self) -> str:
         """``2024-05-01 10:00-11:00 UTC``; the end gets its date too when the window spans a day or more."""
+        if self.window_start is None or self.window_end is None:
+            return "-"
         start, end = _utc(self.window_start), _utc(self.window_end)
         end_format = "%H:%M" if timedelta(0) < end - start < timedelta(days=1) else "%Y-%m-%d %H:%M"
         return f"{start:%Y-%m-%d %H:%M}-{end.strftime(end_format)} UTC"
@@ -116,6 +131,10 @@ class Alert:
     def summary(self) -> str:
         """Pipeline, window and the number of failed checks: the email subject."""
         count = len(self.failed)
+        if self.kind == UNREADABLE_FILE:
+            files = "1 landing file could not be read and was" if count == 1 else (
+                f"{count} landing files could not be read and were")
+            return f"sluice: {self.pipeline}: {files} quarantined whole (unreadable_file)"
         checks = f"{count} check" if count == 1 else f"{count} checks"
         return f"sluice: {self.pipeline} window {self.window_label} failed {checks}"
 
@@ -132,10 +151,10 @@ class Alert:
     def payload(self) -> dict[str, Any]:
         """The webhook JSON body."""
         return {
-            "event": "sluice.dq_failure",
+            "event": "sluice.dq_failure" if self.kind == DQ_FAILURE else f"sluice.{self.kind}",
             "pipeline": self.pipeline,
-            "window_start": _rfc3339(self.window_start),
-            "window_end": _rfc3339(self.window_end),
+            "window_start": _rfc3339(self.window_start) if self.window_start else None,
+            "window_end": _rfc3339(self.window_end) if self.window_end else None,
             "failed": [
                 {"expectation": str(item.get("expectation", "")), "observed_value": str(item.get("observed_value", ""))}
                 for item in self.failed
@@ -153,11 +172,15 @@ class Alert:
             for item in self.failed
         )
         docs = f"<p>Data Docs: {html.escape(self.docs_path)}</p>" if self.docs_path else ""
+        window = (
+            f"<br>Window: {html.escape(_rfc3339(self.window_start))} to {html.escape(_rfc3339(self.window_end))}"
+            if self.window_start and self.window_end else ""
+        )
+        heading = "Failed expectations" if self.kind == DQ_FAILURE else "Files quarantined whole"
         body = (
             f"<p>{html.escape(self.message)}</p>"
-            f"<p>Pipeline: <b>{html.escape(self.pipeline)}</b><br>"
-            f"Window: {html.escape(_rfc3339(self.window_start))} to {html.escape(_rfc3339(self.window_end))}</p>"
-            f"<p>Failed expectations:</p><ul>{rows}</ul>{docs}"
+            f"<p>Pipeline: <b>{html.escape(self.pipeline)}</b>{window}</p>"
+            f"<p>{heading}:</p><ul>{rows}</ul>{docs}"
             f"<p>Raised at {html.escape(_rfc3339(self.raised_at))}.</p>"
         )
         return self.summary, body

@@ -94,7 +94,7 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
     (no Spark): this runs in the Airflow worker. Returns the messages delivered."""
     from deltalake import DeltaTable
 
-    from sluice.alerting.notifiers import Alert, send_alert
+    from sluice.alerting.notifiers import DQ_FAILURE, UNREADABLE_FILE, Alert, send_alert
     from sluice.storage.engine import read_small_table
 
     path = tables.ALERTS.path(settings)
@@ -108,10 +108,12 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
         if row["pipeline"] != pipeline or row["channels"] != PENDING or row["message"] in handled:
             continue
         handled.add(row["message"])
+        windowed = row["window_start"] is not None  # only unreadable-file alerts have no window
         alert = Alert(
             pipeline=row["pipeline"], window_start=row["window_start"], window_end=row["window_end"],
             failed=json.loads(row["failed_expectations"] or "[]"),
-            docs_path=str(docs_dir(settings) / "index.html"), raised_at=row["raised_at"],
+            docs_path=str(docs_dir(settings) / "index.html") if windowed else None, raised_at=row["raised_at"],
+            kind=DQ_FAILURE if windowed else UNREADABLE_FILE,
         )
         channels = send_alert(alert)
         # Keyed by the stored message (pipeline + window + failures): a string predicate, because delta-rs
@@ -123,6 +125,22 @@ def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
         )
         sent.append(alert.message)
     return sent
+
+
+def raise_alert(settings: Settings, engine: DeltaEngine, alert: Any, *, deliver: bool) -> list[str]:
+    """Deliver ``alert`` (an :class:`~sluice.alerting.notifiers.Alert`), or leave it pending for the DAG's
+    alert task, and record it in ops/alerts. Returns the channels that delivered it."""
+    from sluice.alerting.notifiers import send_alert
+
+    channels = send_alert(alert) if deliver else []
+    log.warning("%s", alert.message)
+    path = tables.ALERTS.path(settings)
+    engine.ensure_table(path, tables.ALERTS.schema)
+    app = f"sluice.alerts.{alert.pipeline}"
+    row = (alert.pipeline, alert.window_start, alert.window_end, alert.raised_at, alert.message,
+           ",".join(channels) if deliver else PENDING, json.dumps(alert.failed, sort_keys=True))
+    engine.append_rows([row], tables.ALERTS.schema, path, app_id=app, version=next_version(engine, path, app))
+    return channels
 
 
 class QualityChecker:

@@ -15,8 +15,8 @@ from sluice.cli.report import accounting_table
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
 from sluice.core.spark import get_spark
-from sluice.ingest.landing import BatchRow, run_ingest
-from sluice.quality.checker import QualityChecker, QualityReport
+from sluice.ingest.landing import BatchRow, local_path, run_ingest
+from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
 from sluice.storage.engine import get_engine
 from sluice.streaming.runner import AggregateResult, run_pipeline
@@ -76,6 +76,13 @@ def run_cycle(
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
+        unreadable = [(stream, local_path(r.source_file or "")) for stream, rows in batches.items()
+                      for r in rows if r.unreadable]
+        if unreadable:
+            from sluice.alerting.notifiers import Alert  # imports Airflow: only when there is an alert
+
+            raise_alert(settings, engine, Alert.unreadable_files(pipeline, unreadable, settings.now()),
+                        deliver=deliver_alerts)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows):
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
