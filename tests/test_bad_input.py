@@ -320,3 +320,35 @@ def test_a_cycle_that_quarantines_an_unreadable_file_alerts(
     # Raised once: the next cycle finds nothing new to quarantine and alerts nobody.
     run_cycle(replace(settings, now_override=ts(20)), "user_activity_hourly", spark=spark, check_quality=False)
     assert len(webhook.requests) == 1
+
+
+def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -> None:
+    """`sluice ingest` beside `sluice run` used to fail with "Concurrent transaction failed": both wrote the
+    stream's tables. Ingest now takes the stream's lock, which a cycle holds while it ingests that stream."""
+    import subprocess
+    import sys
+    import time
+
+    from sluice.config import load_settings
+    from sluice.core.locks import stream_lock
+
+    home = tmp_path / "home"
+    settings = load_settings({}, home=home)
+    lake.land(settings, "impressions", "f.jsonl", [line("impressions", "a")], ts(2))
+    with stream_lock(settings, "impressions", purpose="a cycle in another process"):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "sluice.cli", "ingest", "impressions"],
+            env={**os.environ, "SLUICE_HOME": str(home), "SLUICE_NOW": ts(3).isoformat(),
+                 "PYSPARK_PYTHON": sys.executable},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        # Long enough for the JVM to start and ingest if it did not wait (it takes ~10-20 s here).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(1)
+        assert proc.poll() is None, "sluice ingest did not wait for the stream lock"
+        assert not DeltaTable.is_deltatable(str(settings.lake / "bronze/impressions"))
+    _out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-2000:]
+    assert "waiting for the stream lock held by pid" in err and "a cycle in another process" in err
+    assert bronze_ids(settings, "impressions") == ["a"]
