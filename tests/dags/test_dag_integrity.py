@@ -89,21 +89,6 @@ def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
         assert Path(task.application).is_file(), f"{task.dag_id}.{task.task_id}: {task.application} is missing"
 
 
-def test_spark_master_is_local_without_connection_and_the_connection_when_defined(
-    dagbag: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """SPEC 7: spark_default if defined, else local mode -- never the provider's YARN default."""
-    monkeypatch.delenv("AIRFLOW_CONN_SPARK_DEFAULT", raising=False)
-    task = dagbag.dags[sorted(PIPELINES)[0]].get_task("run_cycle")
-    master = task._get_hook()._connection["master"]
-    assert master.startswith("local"), master
-    assert "yarn" not in master
-    monkeypatch.setenv(
-        "AIRFLOW_CONN_SPARK_DEFAULT", json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1", "port": 7077})
-    )
-    assert task._get_hook()._connection["master"] == "spark://127.0.0.1:7077"
-
-
 _PARSE_SCRIPT = """
 import json, os, sys
 from pathlib import Path

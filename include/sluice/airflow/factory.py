@@ -11,18 +11,22 @@ at DAG parse time; the DAG factory reads only the pipeline definitions (the regi
 
 from __future__ import annotations
 
+import contextlib
+import importlib
+import json
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pendulum
 from airflow.exceptions import AirflowTimetableInvalid
-from airflow.providers.apache.spark.hooks.spark_submit import SparkSubmitHook
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset
+from airflow.sdk import DAG, Asset, BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
 from sluice.core.model import PipelineDef
@@ -54,12 +58,49 @@ def job(name: str = JOB) -> str:
 
 
 def connection_defined(conn_id: str) -> bool:
-    """True when Airflow can resolve the connection (env var, secrets backend or metadata DB)."""
+    """True when Airflow can resolve the connection (env var, secrets backend or metadata DB). Only "not
+    found" means False: any other failure (a broken secrets backend) propagates, because running Spark
+    locally on the Airflow worker instead of on the cluster the missing connection names is worse than a
+    failed task."""
     try:
-        SparkSubmitHook.get_connection(conn_id)
-    except Exception:
-        return False
-    return True
+        BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        pass
+    else:
+        return True
+    # The SDK logs a failing secrets backend at debug level and reports the connection as absent; ask the
+    # configured backend directly, so that an outage raises here (None: it has no such connection).
+    backend = _configured_secrets_backend()
+    return backend is not None and backend.get_connection(conn_id) is not None
+
+
+def _configured_secrets_backend() -> Any:
+    """The ``[secrets] backend`` instance, as configured (None when only the defaults are in use)."""
+    from airflow.configuration import conf
+
+    path = conf.get("secrets", "backend", fallback="")
+    if not path:
+        return None
+    module, _, name = path.rpartition(".")
+    kwargs = conf.getjson("secrets", "backend_kwargs", fallback={})
+    return getattr(importlib.import_module(module), name)(**(kwargs if isinstance(kwargs, dict) else {}))
+
+
+@contextlib.contextmanager
+def local_spark_connection(conn_id: str) -> Iterator[None]:
+    """Within the block, ``conn_id`` resolves to local mode, defined the supported way (an ``AIRFLOW_CONN_``
+    variable of this task process), so that the provider's hook resolves it with its own logic. Restored
+    afterwards: ``dag.test()`` runs every task in one process."""
+    name = f"AIRFLOW_CONN_{conn_id.upper()}"
+    before = os.environ.get(name)
+    os.environ[name] = json.dumps({"conn_type": "spark", "host": LOCAL_MASTER})
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = before
 
 
 def spark_env() -> dict[str, str]:
@@ -84,25 +125,18 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("name", kwargs.get("task_id", "sluice"))
         kwargs.setdefault("conf", {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"})
+        conn_id = kwargs["conn_id"]
         super().__init__(**kwargs)
+        self.spark_conn_id: str = conn_id
 
     def execute(self, context: Any) -> None:
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
-        return super().execute(context)
-
-    def _get_hook(self) -> SparkSubmitHook:
-        hook = super()._get_hook()
-        if not connection_defined(self._conn_id):
-            # The provider would fall back to YARN; sluice's contract is local mode.
-            log.info("connection %r is not defined: running Spark in %s", self._conn_id, LOCAL_MASTER)
-            hook._connection["master"] = LOCAL_MASTER
-            # The hook derived these from the YARN master in __init__; derive them again for local mode,
-            # or it would pass env_vars as spark.yarn.appMasterEnv.* instead of to the process.
-            hook._is_yarn = False
-            hook._is_yarn_cluster_mode = False
-            hook._is_kubernetes = False
-            hook._should_track_driver_status = hook._resolve_should_track_driver_status()
-        return hook
+        if connection_defined(self.spark_conn_id):
+            return super().execute(context)
+        # The provider would fall back to YARN; sluice's contract is local mode.
+        log.info("connection %r is not defined: running Spark in %s", self.spark_conn_id, LOCAL_MASTER)
+        with local_spark_connection(self.spark_conn_id):
+            return super().execute(context)
 
 
 def send_alerts_task(pipeline: Any) -> Any:
