@@ -209,8 +209,10 @@ def _stats_for(file: Path) -> str:
 class RsDeltaEngine:
     """Spark computes and writes Parquet; delta-rs commits the log. See the module docstring."""
 
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
         self.spark = spark
+        # Delta table properties new tables are created with (see sluice.storage.tables.table_properties).
+        self.properties = dict(properties or {})
 
     # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
@@ -223,6 +225,7 @@ class RsDeltaEngine:
             mode="ignore",
             partition_by=list(partition_by) or None,
             name=path.name,
+            configuration=dict(self.properties) or None,
         )
 
     def _table(self, path: Path) -> DeltaTable:
@@ -553,12 +556,15 @@ def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str |
     return values
 
 
-def get_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
+def get_engine(
+    spark: SparkSession, choice: str | None = None, *, properties: Mapping[str, str] | None = None
+) -> DeltaEngine:
     """Pick the engine: ``choice`` (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``) is
     ``rs`` | ``native`` | ``auto`` (default).
 
     ``auto`` uses the native delta-spark connector when its classes are on the JVM classpath (the
-    docker-compose Spark image) and delta-rs otherwise.
+    docker-compose Spark image) and delta-rs otherwise. ``properties``: the Delta table properties new
+    tables get (``sluice.storage.tables.table_properties(settings)``).
     """
     if choice is None:
         from sluice.config import load_settings
@@ -570,8 +576,8 @@ def get_engine(spark: SparkSession, choice: str | None = None) -> DeltaEngine:
     if choice == "native" or (choice == "auto" and _native_available(spark)):
         from sluice.storage.native import NativeDeltaEngine
 
-        return NativeDeltaEngine(spark)
-    return RsDeltaEngine(spark)
+        return NativeDeltaEngine(spark, properties)
+    return RsDeltaEngine(spark, properties)
 
 
 def _native_available(spark: SparkSession) -> bool:

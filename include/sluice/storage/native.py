@@ -31,11 +31,11 @@ from sluice.storage.engine import PartitionPredicate, RsDeltaEngine
 
 
 class NativeDeltaEngine:
-    def __init__(self, spark: SparkSession) -> None:
+    def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
         self.spark = spark
         # delta-rs still answers the metadata questions (it reads any Delta table's log), so both
-        # engines agree on versions, partitions and app transactions.
-        self._meta = RsDeltaEngine(spark)
+        # engines agree on versions, partitions and app transactions; it also creates the tables.
+        self._meta = RsDeltaEngine(spark, properties)
 
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         self._meta.ensure_table(path, schema, partition_by)

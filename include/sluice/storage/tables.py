@@ -193,6 +193,24 @@ def partition_hour(values: Mapping[str, Any]) -> datetime | None:
     return datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(hours=int(values["event_hour"]))
 
 
+def table_properties(settings: Settings) -> dict[str, str]:
+    """The Delta table properties every sluice table is created with, as Delta readers expect them:
+
+    * deleted files are kept exactly as long as ``sluice_maintenance``'s VACUUM keeps them
+      (``vacuum_retention_hours``), so every reader agrees on how far time travel reaches;
+    * the log is kept at least 30 days, and never less than that: versions stay listable after their files
+      are vacuumed, for ``DESCRIBE HISTORY`` and audits;
+    * a checkpoint every 10 commits: the ops tables and bronze are committed every cycle and read on every
+      cycle, and a checkpoint keeps the log tail a reader replays short (delta-rs writes it after the
+      commit that reaches the interval)."""
+    hours = settings.vacuum_retention_hours
+    return {
+        "delta.deletedFileRetentionDuration": f"interval {hours} hours",
+        "delta.logRetentionDuration": f"interval {max(hours, 30 * 24)} hours",
+        "delta.checkpointInterval": "10",
+    }
+
+
 def bronze_hours(path: Path) -> dict[datetime, int]:
     """Event hours present in a bronze table and their record counts (heartbeats included), from the
     partition values and file statistics in the Delta log: no data file is read."""

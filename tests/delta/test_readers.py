@@ -1,0 +1,71 @@
+"""Tables as other readers see them: a real cycle's bronze, quarantine, ops and gold tables carry the table
+properties sluice promises, and Polars and DuckDB read them with the same rows as delta-rs."""
+
+from __future__ import annotations
+
+import glob
+import os
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import duckdb
+import duckdb_extension_delta
+import polars as pl
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from sluice.config import Settings
+from support.lake import cycle, land
+
+pytestmark = pytest.mark.spark
+
+T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
+
+
+def _duckdb_count(path: Path) -> int:
+    [extension] = glob.glob(os.path.dirname(duckdb_extension_delta.__file__) + "/**/*.duckdb_extension",
+                            recursive=True)[:1]
+    con = duckdb.connect()
+    try:
+        con.execute(f"LOAD '{extension}'")
+        row = con.execute(f"SELECT count(*) FROM delta_scan('{path}')").fetchone()
+        assert row is not None
+        return int(row[0])
+    finally:
+        con.close()
+
+
+def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
+    spark: SparkSession, settings: Settings
+) -> None:
+    # One Spark batch per file, so that ops/ingest_batches passes its checkpoint interval in one cycle.
+    settings = replace(settings, max_files_per_trigger=1)
+    for n in range(0, 55, 5):
+        record = {"impression_id": f"i{n}", "ad_id": "a1", "event_time": (T0 + timedelta(minutes=n)).isoformat()}
+        land(settings, "impressions", f"i{n:02d}.jsonl", [record, "not json"], T0 + timedelta(minutes=n + 1))
+    land(settings, "clicks", "c.jsonl", [{"click_id": "c1", "impression_id": "i0", "ad_id": "a1",
+                                          "event_time": (T0 + timedelta(minutes=1)).isoformat()}],
+         T0 + timedelta(minutes=51))
+    done = cycle(spark, settings, "ad_clicks_hourly", T0 + timedelta(hours=3), quality=True)
+
+    names = ["bronze/impressions", "quarantine/impressions", "dlq/impressions", "ops/ingest_batches",
+             "ops/window_ledger", "ops/dq_results", "gold/ad_clicks_hourly"]
+    for name in names:
+        path = done.lake / name
+        table = DeltaTable(str(path))
+        config = table.metadata().configuration
+        assert config == {
+            "delta.deletedFileRetentionDuration": f"interval {done.vacuum_retention_hours} hours",
+            "delta.logRetentionDuration": "interval 720 hours",
+            "delta.checkpointInterval": "10",
+        }, name
+        rows = table.to_pyarrow_table().num_rows
+        assert pl.read_delta(str(path)).height == rows, name
+        assert _duckdb_count(path) == rows, name
+        assert rows or name == "dlq/impressions", name
+
+    ops = DeltaTable(str(done.lake / "ops/ingest_batches"))
+    assert ops.version() >= 10
+    assert list((done.lake / "ops/ingest_batches/_delta_log").glob("*.checkpoint.parquet")), "no checkpoint written"
