@@ -9,4 +9,5 @@ import sys
 from sluice.cli.main import main
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    # A failed task's log is where an operator looks first: it carries the whole traceback.
+    sys.exit(main(["--debug", *sys.argv[1:]]))

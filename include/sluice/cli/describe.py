@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 from sluice.checks import describe as describe_check
 from sluice.config import Settings
@@ -51,3 +52,56 @@ def describe_registry(settings: Settings) -> str:
         lines += ["", "files that failed to load (their pipelines are not registered):"]
         lines += [f"  {e}" for e in registry.errors]
     return "\n".join(lines)
+
+
+def _check_data(check: Any) -> dict[str, Any]:
+    params = {k: v for k, v in vars(check).items() if k != "name" and v is not None}
+    return {"name": check.name, "description": describe_check(check), "params": params}
+
+
+def registry_data(settings: Settings) -> dict[str, Any]:
+    """``sluice pipelines --json``: the same as :func:`describe_registry`, as data. Durations in seconds."""
+    registry = settings.registry
+    streams = settings.streams
+    pipelines = []
+    for name in sorted(registry.pipelines):
+        p = settings.pipeline(name)
+        pipelines.append({
+            "name": name,
+            "file": str(p.source) if p.source else None,
+            "description": p.description or None,
+            "schedule": p.schedule,
+            "window": {
+                "size_seconds": int(p.window.size.total_seconds()),
+                "hop_seconds": int(p.window.slide.total_seconds()),
+                "tumbling": p.window.slide == p.window.size,
+            },
+            "lateness_bound_seconds": int(p.lateness_bound.total_seconds()),
+            "streams": [
+                {
+                    "name": stream,
+                    "id": streams[stream].id_field,
+                    "event_time": streams[stream].time_field,
+                    "watermark_delay_seconds": int(streams[stream].watermark_delay.total_seconds()),
+                    "early_tolerance_seconds": int(streams[stream].early_tolerance.total_seconds()),
+                    "idle_timeout_seconds": int(streams[stream].idle_timeout.total_seconds()),
+                    "fields": [
+                        {"name": streams[stream].json_name(f), "type": streams[stream].type_of(f),
+                         "required": f in streams[stream].required}
+                        for f in streams[stream].fields
+                    ],
+                    "shared_with": [q for q in registry.pipelines_reading(stream) if q != name],
+                }
+                for stream in p.streams
+            ],
+            "outputs": [
+                {"name": o.name, "table": o.table_name, "keys": list(o.keys),
+                 "checks": [_check_data(c) for c in o.checks]}
+                for o in p.outputs
+            ],
+        })
+    return {
+        "pipelines_path": str(registry.path),
+        "pipelines": pipelines,
+        "load_errors": [{"file": str(e.file), "message": e.message} for e in registry.errors],
+    }

@@ -1,36 +1,143 @@
-"""sluice: event-time pipelines on Spark, scheduled by Airflow.
+"""The ``sluice`` command: parsing, the commands, exit codes and error reporting.
 
-Exit codes of run and backfill: 0 = the cycle ran and every closed window passed; 2 = the cycle ran but
-some windows failed their checks (they are reported and alerted); anything else = the cycle itself failed.
+Each command is a thin wrapper around the functions the Airflow tasks call (``run_cycle``, ``run_backfill``,
+``run_quality``, ``deliver_pending_alerts``...), so the CLI and the DAGs behave the same. A command returns
+either an exit code or an :class:`Output` (its text for people and its ``--json`` document for scripts).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, NoReturn
 
 from sluice.config import ConfigError, Settings, check_folder, load_settings
 
 log = logging.getLogger("sluice")
 
+DISTRIBUTION = "sluice"  # [project] name in pyproject.toml
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_DQ_FAILED = 2
+EXIT_USAGE = 64  # sysexits.h EX_USAGE: the command line itself is wrong
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report Ctrl-C
+
+DESCRIPTION = """\
+sluice runs event-time pipelines: it ingests the JSON event files that land under
+$SLUICE_HOME/landing/<stream>/ into Delta tables, closes windows by watermark, writes
+the gold tables and checks every closed window with Great Expectations.
+Airflow runs the same code on a schedule; this command runs it by hand."""
+
+EPILOG = """\
+examples:
+  sluice pipelines                               what is registered: streams, windows, checks
+  sluice run ad_clicks_hourly                    one full cycle: ingest, aggregate, check
+  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z
+  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
+  sluice status                                  watermarks, windows, row counts
+  sluice status --json | jq '.streams'           the same, for scripts
+  sluice alerts --deliver                        send the alerts a run recorded but did not send
+
+environment:
+  SLUICE_HOME       where data lives: landing/ and lake/ (default: .sluice in the current directory)
+  SLUICE_PIPELINES  the pipelines folder (default: pipelines/)
+  SLUICE_NOW        a fixed "now" (RFC 3339) for reproducible runs; --now overrides it
+
+exit codes:
+  0   done; every window checked passed
+  1   the command failed (the error line says why; --debug shows the traceback)
+  2   done, but some windows failed their checks (recorded in ops/alerts and alerted)
+  64  wrong usage: unknown command or option, missing or invalid argument
+
+`sluice <command> --help` shows a command's options. Add --json to status, run, backfill,
+check, pipelines or alerts for one JSON document on stdout (logs stay on stderr)."""
 
 
-def setup_logging(verbose: bool = False) -> None:
+def package_version() -> str:
+    """The installed distribution's version; from a source tree that is not installed, pyproject.toml's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        pass
+    pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+    try:
+        import tomllib
+
+        project = tomllib.loads(pyproject.read_text())["project"]
+        if project.get("name") == DISTRIBUTION:
+            return f"{project['version']} (source tree, not installed)"
+    except (OSError, KeyError, ValueError):
+        pass
+    return "unknown (not installed)"
+
+
+class Parser(argparse.ArgumentParser):
+    """Usage errors exit 64, never 2: 2 means "some windows failed their checks"."""
+
+    def error(self, message: str) -> NoReturn:
+        self.print_usage(sys.stderr)
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n(see `{self.prog} --help`)\n")
+
+
+@dataclass
+class Output:
+    """What a command prints: ``text`` for people, ``data`` with ``--json``; and its exit code."""
+
+    code: int
+    text: str
+    data: dict[str, Any]
+
+
+class _Stderr:
+    """Whatever ``sys.stderr`` is at the time of each write (main() may run in a process that swaps it)."""
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def setup_logging(verbose: bool = False, *, airflow: bool = False) -> None:
+    """Logs go to stderr, so stdout carries only the command's output. ``airflow``: the command will load
+    Airflow (alert delivery), whose import points the root logger at stdout; import it first, then take the
+    handlers back."""
+    if airflow:
+        try:
+            import airflow as _airflow  # noqa: F401
+            import structlog
+        except Exception:  # a broken Airflow install fails later, where it is used
+            pass
+        else:
+            # Airflow's structlog loggers (its notifiers and hooks log through them) write to sys.stdout
+            # unless their factory is given a stream.
+            factory: Any = structlog.get_config().get("logger_factory")
+            if getattr(factory, "io", False) is None:
+                factory.io = _Stderr()
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
-        stream=sys.stderr,
+        stream=_Stderr() if airflow else sys.stderr,
+        force=airflow,
     )
     # py4j narrates every callback at INFO; nobody running a pipeline wants that.
     for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def warn(message: str) -> None:
+    print(f"sluice: warning: {message}", file=sys.stderr)
 
 
 def _settings(args: argparse.Namespace, *, writes: bool | None = None) -> Settings:
@@ -67,40 +174,42 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def cmd_run(args: argparse.Namespace) -> int:
+def cmd_run(args: argparse.Namespace) -> Output:
+    from sluice.cli.output import cycle_data
     from sluice.streaming.cycle import run_cycle
 
     settings = _settings(args, writes=True)
     result = run_cycle(
         settings, args.pipeline, check_quality=not args.skip_quality, deliver_alerts=not args.no_deliver
     )
-    print(result.render())
-    return result.exit_code
+    return Output(result.exit_code, result.render(), cycle_data(result, result.exit_code))
 
 
-def cmd_check(args: argparse.Namespace) -> int:
+def cmd_check(args: argparse.Namespace) -> Output:
+    from sluice.cli.output import check_data
     from sluice.streaming.cycle import run_quality
 
     report = run_quality(_settings(args, writes=True), args.pipeline, deliver_alerts=not args.no_deliver)
-    print(f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
-          f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}")
+    lines = [f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
+             f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}"]
     for (start, _end), failures in sorted(report.failed.items()):
-        print(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+        lines.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
     # Failing windows are recorded and alerted; only --strict turns them into a failing exit code.
-    return EXIT_DQ_FAILED if report.failed and args.strict else EXIT_OK
+    code = EXIT_DQ_FAILED if report.failed and args.strict else EXIT_OK
+    return Output(code, "\n".join(lines), check_data(args.pipeline, report, code))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from sluice.cli.report import accounting_table
     from sluice.core.spark import get_spark
     from sluice.ingest.landing import run_ingest
-    from sluice.storage.engine import get_engine
+    from sluice.storage.engine import engine_for
 
     settings = _settings(args, writes=True)
     for stream in args.streams:
         settings.stream(stream)  # unknown names fail before the JVM starts
     spark = get_spark(settings, "sluice-ingest")
-    run_ingest(spark, settings, get_engine(spark, settings.delta_engine), args.streams)
+    run_ingest(spark, settings, engine_for(spark, settings), args.streams)
     print(accounting_table(settings, args.streams))
     return EXIT_OK
 
@@ -122,7 +231,8 @@ def _require_bronze(settings: Settings, pipeline: str) -> None:
         )
 
 
-def cmd_backfill(args: argparse.Namespace) -> int:
+def cmd_backfill(args: argparse.Namespace) -> Output:
+    from sluice.cli.output import backfill_data
     from sluice.streaming.backfill import run_backfill, validate_request
 
     settings = _settings(args, writes=True)
@@ -132,17 +242,20 @@ def cmd_backfill(args: argparse.Namespace) -> int:
         settings, args.pipeline, args.start, args.end, include_late=args.include_late,
         deliver_alerts=not args.no_deliver,
     )
-    print(result.render())
     # The backfill DAG records failing windows here and lets its send_alerts task deliver them and fail the
     # run: failing this task instead would retry the whole backfill and skip the alerts.
-    return EXIT_OK if args.no_fail_on_checks else result.exit_code
+    code = EXIT_OK if args.no_fail_on_checks else result.exit_code
+    return Output(code, result.render(), backfill_data(result, code))
 
 
-def cmd_status(args: argparse.Namespace) -> int:
-    from sluice.cli.status import render_status
+def cmd_status(args: argparse.Namespace) -> Output:
+    from sluice.cli.status import home_warnings, render_status, status_data
 
-    print(render_status(_settings(args, writes=False)))
-    return EXIT_OK
+    settings = _settings(args, writes=False)
+    for message in home_warnings(settings):
+        warn(message)
+    data = status_data(settings) if args.json else {}
+    return Output(EXIT_OK, "" if args.json else render_status(settings), data)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -154,12 +267,37 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return run_demo(settings)
 
 
-def cmd_pipelines(args: argparse.Namespace) -> int:
-    from sluice.cli.describe import describe_registry
+def cmd_pipelines(args: argparse.Namespace) -> Output:
+    from sluice.cli.describe import describe_registry, registry_data
 
     settings = _settings(args)
-    print(describe_registry(settings))
-    return EXIT_FAILED if settings.registry.errors and args.strict else EXIT_OK
+    code = EXIT_FAILED if settings.registry.errors and args.strict else EXIT_OK
+    if args.json:
+        return Output(code, "", registry_data(settings))
+    return Output(code, describe_registry(settings), {})
+
+
+def cmd_alerts(args: argparse.Namespace) -> Output:
+    from sluice.cli.alerts import deliver, pending_alerts, render_alerts, render_delivered
+
+    settings = _settings(args, writes=bool(args.deliver))
+    if args.pipeline is not None:
+        settings.pipeline(args.pipeline)  # an unknown name says which ones exist
+    code = EXIT_OK
+    sent: list[dict[str, Any]] = []
+    text = []
+    if args.deliver:
+        sent, channels = deliver(settings, args.pipeline)
+        text.append(render_delivered(sent, channels))
+        incomplete = [a for a in sent if set(channels) - set(a["channels"])]
+        if incomplete:
+            code = EXIT_FAILED
+            warn(f"{len(incomplete)} alert(s) were not delivered through every configured channel "
+                 f"({', '.join(channels)}); the errors above say why")
+    pending = pending_alerts(settings, args.pipeline)
+    if not args.deliver or pending:
+        text.append(render_alerts(pending, args.pipeline))
+    return Output(code, "\n".join(text), {"pipeline": args.pipeline, "pending": pending, "delivered": sent})
 
 
 def cmd_new_pipeline(args: argparse.Namespace) -> int:
@@ -182,20 +320,60 @@ def _flag(value: str) -> bool:
     raise argparse.ArgumentTypeError(f"expected true or false, got {value!r}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="sluice", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-        epilog="examples:\n  sluice pipelines\n  sluice run <pipeline> --now 2024-05-01T06:00:00Z\n"
-               "  sluice backfill <pipeline> --start 2024-05-01T00:00:00Z --end 2024-05-01T06:00:00Z\n"
-               "  sluice status",
-    )
-    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
-    parser.add_argument("--home", help="SLUICE_HOME (default: $SLUICE_HOME or ./.sluice)")
-    parser.add_argument("--pipelines", help="the pipelines folder (default: $SLUICE_PIPELINES or pipelines/)")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _global_options(parser: argparse.ArgumentParser, *, defaults: bool) -> None:
+    """Options every command takes, before or after its name. On the subcommands they default to SUPPRESS,
+    so a value given before the subcommand is not overwritten by the subcommand's default."""
+    def default(value: object) -> object:
+        return value if defaults else argparse.SUPPRESS
 
-    gen = sub.add_parser("generate", help="write synthetic landing files for the example streams "
-                         "(deterministic by --seed)")
+    group: Any = parser if defaults else parser.add_argument_group("global options (also before the command)")
+    group.add_argument("--home", metavar="DIR", default=default(None),
+                       help="the sluice home (default: $SLUICE_HOME, else .sluice in the current directory)")
+    group.add_argument("--pipelines", metavar="DIR", default=default(None),
+                       help="the pipelines folder (default: $SLUICE_PIPELINES, else pipelines/)")
+    group.add_argument("-v", "--verbose", action="store_true", default=default(False), help="debug logging")
+    group.add_argument("--debug", action="store_true", default=default(False),
+                       help="on an error, show the full traceback")
+
+
+def _json_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true",
+                        help="print one JSON document on stdout instead of text (logs stay on stderr)")
+
+
+def _command(sub: Any, name: str, summary: str, description: str, examples: str = "",
+             exit_codes: str = "") -> argparse.ArgumentParser:
+    epilog = "\n\n".join(part for part in (examples and "examples:\n" + examples,
+                                           exit_codes and "exit codes:\n" + exit_codes) if part)
+    parser: argparse.ArgumentParser = sub.add_parser(
+        name, help=summary, description=description, epilog=epilog or None,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _global_options(parser, defaults=False)
+    return parser
+
+
+CYCLE_EXIT_CODES = """\
+  0   every window checked passed (or none closed)
+  1   the command itself failed (nothing half-written stays visible; run it again)
+  2   some windows failed their checks: reported above, recorded and alerted
+  64  wrong usage"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="sluice", description=DESCRIPTION, epilog=EPILOG,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
+    _global_options(parser, defaults=True)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="<command>", title="commands")
+
+    gen = _command(
+        sub, "generate", "write synthetic landing files for the example streams",
+        "Write synthetic event files under $SLUICE_HOME/landing/, with controllable disorder, late, early,\n"
+        "duplicate and malformed records and idle gaps. The same --seed writes the same bytes.",
+        "  sluice generate --hours 6 --seed 7\n"
+        "  sluice generate --hours 2 --late-share 0.01 --duplicate-share 0.02 --streams clicks,impressions",
+    )
     try:
         from sluice_tools.generate import add_arguments
     except ImportError:  # installed without the repo's tools/: cmd_generate says what to do
@@ -204,69 +382,225 @@ def build_parser() -> argparse.ArgumentParser:
         add_arguments(gen)
     gen.set_defaults(func=cmd_generate)
 
-    run = sub.add_parser("run", help="one full cycle of a pipeline without Airflow")
+    run = _command(
+        sub, "run", "one full cycle of a pipeline, without Airflow",
+        "One full cycle of a pipeline: ingest the files that arrived for its streams, close the windows\n"
+        "the watermark has passed, write them to the gold tables and check them (data quality). What the\n"
+        "scheduled DAG does, in one process.",
+        "  sluice run ad_clicks_hourly\n"
+        "  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
+        "  sluice run ad_clicks_hourly --json | jq '.quality.failed'",
+        CYCLE_EXIT_CODES,
+    )
     run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
-    run.add_argument("--now", help="injectable 'now' (RFC 3339); default $SLUICE_NOW or the clock")
-    run.add_argument("--skip-quality", action="store_true", help="ingest and aggregate only (DQ runs later)")
+    run.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW, else the clock)")
+    run.add_argument("--skip-quality", action="store_true",
+                     help="ingest and aggregate only; `sluice check` validates later")
     run.add_argument("--no-deliver", action="store_true",
-                     help="record alerts in ops/alerts but do not send them (the DAG's send_alerts task does)")
-    run.set_defaults(func=cmd_run)
+                     help="record failing windows' alerts in ops/alerts without sending them; "
+                          "`sluice alerts --deliver` (or the DAG's send_alerts task) sends them")
+    _json_option(run)
+    run.set_defaults(func=cmd_run, loads_airflow=True)
 
-    check = sub.add_parser("check", help="validate closed windows that are not validated yet")
+    check = _command(
+        sub, "check", "validate closed windows that are not validated yet",
+        "Run the data-quality checks on every window that is closed but not validated yet (the DAGs'\n"
+        "check_quality task). Failing windows are recorded and alerted; the exit code stays 0 unless\n"
+        "--strict.",
+        "  sluice check ad_clicks_hourly --strict",
+        "  0   done (and, with --strict, every window passed)\n  1   the command failed\n"
+        "  2   with --strict: some windows failed their checks\n  64  wrong usage",
+    )
     check.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
-    check.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    check.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
     check.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
     check.add_argument("--strict", action="store_true", help="exit 2 when a window fails")
-    check.set_defaults(func=cmd_check)
+    _json_option(check)
+    check.set_defaults(func=cmd_check, loads_airflow=True)
 
-    ingest = sub.add_parser("ingest", help="ingest landing streams into bronze only")
+    ingest = _command(
+        sub, "ingest", "ingest landing streams into bronze only",
+        "Ingest the files that arrived for some streams into their bronze, quarantine and DLQ tables,\n"
+        "without aggregating or checking.",
+        "  sluice ingest clicks impressions",
+    )
     ingest.add_argument("streams", nargs="+", help="stream names (see `sluice pipelines`)")
-    ingest.add_argument("--now", help="injectable 'now' (RFC 3339)")
+    ingest.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
     ingest.set_defaults(func=cmd_ingest)
 
-    backfill = sub.add_parser("backfill", help="recompute a range of closed windows from bronze")
-    backfill.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
-    backfill.add_argument("--start", required=True, help="first window start, RFC 3339 (inclusive)")
-    backfill.add_argument("--end", required=True, help="range end, RFC 3339 (exclusive)")
-    backfill.add_argument(
-        "--include-late", nargs="?", const="true", default="false", type=_flag,
-        help="also bring in the DLQ records (a bare flag, or true/false)",
+    backfill = _command(
+        sub, "backfill", "recompute a range of closed windows from bronze",
+        "Recompute the windows in [start, end) from bronze, replace them in one atomic commit, check\n"
+        "them again and mark them reprocessed. Running it twice gives the same tables. It waits for a\n"
+        "scheduled run of the same pipeline to finish, and the other way round.",
+        "  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
+        "  sluice backfill ad_clicks_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
+        "--include-late",
+        CYCLE_EXIT_CODES,
     )
-    backfill.add_argument("--now", help="injectable 'now' (RFC 3339)")
-    backfill.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
+    backfill.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
+    backfill.add_argument("--start", metavar="TS", required=True,
+                          help="first window start, RFC 3339 (inclusive; on a window boundary)")
+    backfill.add_argument("--end", metavar="TS", required=True,
+                          help="range end, RFC 3339 (exclusive; on a window boundary)")
+    backfill.add_argument(
+        "--include-late", nargs="?", const="true", default="false", type=_flag, metavar="BOOL",
+        help="also bring in the late (DLQ) records (a bare flag, or true/false)",
+    )
+    backfill.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
+    backfill.add_argument("--no-deliver", action="store_true",
+                          help="record alerts but do not send them (`sluice alerts --deliver` sends them)")
     backfill.add_argument("--no-fail-on-checks", action="store_true",
                           help="exit 0 when windows fail their checks (still recorded and alerted; for the DAG)")
-    backfill.set_defaults(func=cmd_backfill)
+    _json_option(backfill)
+    backfill.set_defaults(func=cmd_backfill, loads_airflow=True)
 
-    status = sub.add_parser("status", help="watermarks, last arrivals and row counts")
+    status = _command(
+        sub, "status", "watermarks, windows, row counts (no Spark, about a second)",
+        "Where every line went per stream, the watermarks and last arrivals, the windows of each pipeline\n"
+        "by state, failed windows, files that failed to load and row counts. Read from Delta metadata\n"
+        "only.",
+        "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'",
+    )
     status.add_argument("--now", help=argparse.SUPPRESS)
+    _json_option(status)
     status.set_defaults(func=cmd_status)
 
-    pipelines = sub.add_parser("pipelines", help="list the registered pipelines: streams, window, schedule, "
-                               "outputs and checks")
+    pipelines = _command(
+        sub, "pipelines", "list the registered pipelines, and files that failed to load",
+        "Every pipeline the pipelines folder registers (streams, window, schedule, outputs and checks),\n"
+        "then every file that failed to load, with its problem.",
+        "  sluice pipelines\n  sluice --pipelines ./my_pipelines pipelines --strict",
+    )
     pipelines.add_argument("--strict", action="store_true", help="exit 1 when a pipeline file failed to load")
+    _json_option(pipelines)
     pipelines.set_defaults(func=cmd_pipelines)
 
-    new = sub.add_parser("new-pipeline", help="scaffold a pipeline file (and a test) to start from")
+    alerts = _command(
+        sub, "alerts", "list alerts recorded but not sent yet; --deliver sends them",
+        "The alerts in ops/alerts that were recorded but not delivered yet (a run with --no-deliver, or a\n"
+        "DAG run before its send_alerts task). --deliver sends them through the Airflow connections\n"
+        "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.",
+        "  sluice alerts\n  sluice alerts ad_clicks_hourly --deliver",
+        "  0   listed (or all delivered)\n  1   the command failed, or an alert failed on a channel\n"
+        "  64  wrong usage",
+    )
+    alerts.add_argument("pipeline", nargs="?", help="only this pipeline's alerts (default: every pipeline)")
+    alerts.add_argument("--deliver", action="store_true", help="send the pending alerts now")
+    _json_option(alerts)
+    alerts.set_defaults(func=cmd_alerts)
+
+    new = _command(
+        sub, "new-pipeline", "scaffold a pipeline file (and a test) to start from",
+        "Write NAME.py into the pipelines folder: a commented skeleton with one stream, one output and\n"
+        "two checks; with --tests, a first test too.",
+        "  sluice new-pipeline device_temps --tests tests",
+    )
     new.add_argument("name", help="the pipeline name, e.g. device_temps (lower case, digits, '_')")
-    new.add_argument("--tests", help="also write a test into this folder (default: none)")
+    new.add_argument("--tests", metavar="DIR", help="also write a test into this folder (default: none)")
     new.set_defaults(func=cmd_new_pipeline)
 
-    demo = sub.add_parser("demo", help="generate a day of data and run every pipeline end to end")
+    demo = _command(
+        sub, "demo", "generate a day of data and run every pipeline end to end",
+        "Generate a day of example events and run every pipeline over it, files arriving as the clock\n"
+        "advances; ends with where every record went. What `make run` shows, without Airflow.",
+    )
     demo.add_argument("--now", help=argparse.SUPPRESS)
-    demo.set_defaults(func=cmd_demo)
+    demo.set_defaults(func=cmd_demo, loads_airflow=True)
     return parser
 
 
+@contextlib.contextmanager
+def _stdout_to_stderr(enabled: bool) -> Iterator[None]:
+    """With --json, stdout carries the document only: anything else written to it meanwhile (by Python code,
+    or by the Spark JVM, which inherits file descriptor 1) goes to stderr."""
+    if not enabled:
+        yield
+        return
+    sys.stdout.flush()
+    with contextlib.redirect_stdout(sys.stderr):  # print() here, whatever sys.stdout is (main() in a process)
+        try:
+            saved = os.dup(1)
+            os.dup2(2, 1)
+        except OSError:  # no usable descriptors (e.g. a closed stdout): nothing more to protect
+            yield
+            return
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def _one_line(exc: BaseException) -> str:
+    """The gist of an exception in one line: its first line (Spark's Java errors put the cause on the
+    second), at most 500 characters."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return ""
+    text = lines[0]
+    if text.startswith("An error occurred while calling") and len(lines) > 1:
+        text = f"{text} {lines[1].lstrip(': ')}"
+    return text if len(text) <= 500 else text[:497] + "..."
+
+
+def _fail(exc: BaseException, *, expected: bool, debug: bool, as_json: bool) -> int:
+    """One ``sluice: error:`` line on stderr (after the traceback with --debug); with --json, also the error
+    document on stdout."""
+    from sluice.cli.output import dumps, error_document
+
+    if debug:
+        traceback.print_exception(exc, file=sys.stderr)
+    name = type(exc).__name__
+    message = str(exc).strip() if expected else _one_line(exc)  # sluice's own messages are written to be read
+    if expected:
+        line = message or name
+    else:
+        line = f"{name}: {message}" if message else name
+        if not debug:
+            line += " (rerun with --debug for the traceback)"
+    print(f"sluice: error: {line}", file=sys.stderr)
+    if as_json:
+        print(dumps(error_document(name, message, EXIT_FAILED)))
+    return EXIT_FAILED
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from sluice.core.locks import LockTimeout
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(args.verbose, airflow=getattr(args, "loads_airflow", False) or getattr(args, "deliver", False))
+    as_json = bool(getattr(args, "json", False))
     try:
-        return int(args.func(args))
-    except ConfigError as exc:
-        print(f"sluice: error: {exc}", file=sys.stderr)
-        return EXIT_FAILED
+        with _stdout_to_stderr(as_json):
+            result = args.func(args)
+    except (ConfigError, LockTimeout) as exc:  # things the user can fix: the message says how
+        return _fail(exc, expected=True, debug=args.debug, as_json=as_json)
+    except KeyboardInterrupt:
+        print("sluice: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:  # the reader went away (`sluice ... | head`): not an error of the command
+        return _reader_gone(EXIT_OK)
+    except Exception as exc:
+        return _fail(exc, expected=False, debug=args.debug, as_json=as_json)
+    if isinstance(result, Output):
+        from sluice.cli.output import dumps
+
+        try:
+            print(dumps(result.data) if as_json else result.text, flush=True)
+        except BrokenPipeError:
+            return _reader_gone(result.code)
+        return result.code
+    return int(result)
+
+
+def _reader_gone(code: int) -> int:
+    """stdout's reader closed the pipe: drop what is left unwritten, so the exit does not fail flushing it."""
+    with contextlib.suppress(OSError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 if __name__ == "__main__":
