@@ -9,15 +9,25 @@ export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export TZ := UTC
 
-.PHONY: setup run test test-fast lint bench bench-smoke clean java-check airflow
+.PHONY: setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow
 
 java-check:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
 	  echo "ERROR: Spark needs Java 17. Install it (Debian/Ubuntu: sudo apt-get install openjdk-17-jre-headless)" \
 	       "or set JAVA_HOME, then re-run make."; exit 1; }
 
+# The browser test of the Airflow plugin's page (tests/web) drives Debian's chromium through Playwright, which
+# cannot download a browser of its own here: install it when it is missing and apt-get is there.
+chromium-check:
+	@command -v chromium >/dev/null 2>&1 || ! command -v apt-get >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing Debian's chromium for the browser test"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; }
+	@command -v chromium >/dev/null 2>&1 || \
+	  echo "WARNING: no chromium (and no apt-get to install it): tests/web/test_ledger_page.py will fail"
+
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
-setup: java-check $(STAMP)
+setup: java-check chromium-check $(STAMP)
 $(STAMP): requirements.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "ERROR: $(PYTHON) not found; sluice needs Python 3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)

@@ -1,11 +1,15 @@
-"""Airflow plugin: sluice's Data Docs and status inside the Airflow UI.
+"""Airflow plugin: sluice's window ledger, Data Docs and status inside the Airflow UI.
 
-Mounts a small FastAPI app on the API server at ``/sluice``:
+Mounts a small FastAPI app on the API server at ``/sluice`` (see ``sluice.airflow.web``; every route needs
+an Airflow user who may read DAGs):
 
+* ``/sluice/ledger``: windows by state per pipeline, watermark and lag per stream, records per hour;
+* ``/sluice/api/...``: the JSON behind it (``/sluice/api/status`` is ``sluice status --json``);
 * ``/sluice/docs/...`` serves the Great Expectations Data Docs from ``$SLUICE_HOME/data_docs``;
 * ``/sluice/status`` returns ``sluice status`` (watermarks, ledger, row counts) as plain text;
 
-and adds "Data Docs" and "sluice status" links to the UI's Browse menu.
+and adds them to the UI's Browse menu. The ledger has a ``url_route``, so the UI shows it inside its own
+frame at ``/plugin/sluice-ledger``; the others open as plain links.
 """
 
 from __future__ import annotations
@@ -14,13 +18,15 @@ from typing import Any, ClassVar
 
 from airflow.plugins_manager import AirflowPlugin
 
-from sluice.airflow.web import create_app
+from sluice.airflow.web import LazyApp
 
 
 class SluicePlugin(AirflowPlugin):
     name = "sluice"
-    fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": create_app(), "url_prefix": "/sluice", "name": "sluice"}]
+    fastapi_apps: ClassVar[list[dict[str, Any]]] = [{"app": LazyApp(), "url_prefix": "/sluice", "name": "sluice"}]
     external_views: ClassVar[list[dict[str, Any]]] = [
+        {"name": "Window ledger", "href": "/sluice/ledger", "url_route": "sluice-ledger", "destination": "nav",
+         "category": "browse"},
         {"name": "Data Docs", "href": "/sluice/docs/index.html", "destination": "nav", "category": "browse"},
         {"name": "sluice status", "href": "/sluice/status", "destination": "nav", "category": "browse"},
     ]

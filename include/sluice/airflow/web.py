@@ -1,21 +1,99 @@
-"""The small web app behind the Airflow plugin: Data Docs and ``sluice status`` over HTTP.
+"""The web app behind the Airflow plugin, mounted on the API server at ``/sluice``:
 
-Paths are resolved per request from the environment (``SLUICE_HOME``...), so nothing is read when the
-plugin is imported.
+* ``/ledger``: the window-ledger page (windows by state per pipeline, watermark and lag per stream, records
+  per hour), static HTML whose script reads the JSON API below;
+* ``/api/status`` (the document of ``sluice status --json``), ``/api/windows``, ``/api/streams``;
+* ``/docs/...``: the Great Expectations Data Docs; ``/status``: ``sluice status`` as plain text.
+
+Airflow does not authenticate a plugin's FastAPI app by itself, so every route depends on Airflow's own
+``requires_access_dag("GET")``: the user comes from the ``Authorization: Bearer`` JWT (API clients) or the
+UI's ``_token`` cookie (page navigation, the page's own fetches), and the configured auth manager must let
+them read DAGs, since each pipeline is a DAG. Anonymous requests get 401, a bad token 403, a user without
+DAG read access 403. Paths are resolved per request from the environment (``SLUICE_HOME``...), so nothing
+is read when the plugin is imported.
 """
 
 from __future__ import annotations
 
+import html
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+from urllib.parse import quote
 
-from fastapi import FastAPI, HTTPException
-from fastapi.responses import FileResponse, PlainTextResponse
+from fastapi import Depends, FastAPI, HTTPException, Query, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from sluice.config import load_settings
 
+UI = Path(__file__).parent / "ui"
 
-def create_app() -> FastAPI:
-    app = FastAPI(title="sluice", docs_url=None, redoc_url=None, openapi_url=None)
+
+def require_reader() -> Callable[..., None]:
+    """Airflow's dependency for "may read DAGs" (no dag_id: every DAG), imported late because it pulls in
+    Airflow's models and API server modules."""
+    from airflow.api_fastapi.core_api.security import requires_access_dag
+
+    return requires_access_dag("GET")
+
+
+class LazyApp:
+    """The app as the plugin mounts it: an ASGI app that builds the real one on its first request. Every
+    Airflow process imports the plugin (task runners too, for macros and listeners), only the API server
+    serves it, and Airflow's API security module pulls in the whole API server (a second or more per task)."""
+
+    def __init__(self) -> None:
+        self.app: FastAPI | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.app is None:
+            self.app = create_app()  # two first requests at once may both build one: harmless
+        await self.app(scope, receive, send)
+
+
+def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
+    """The plugin's app; ``reader`` replaces the access check (tests of the data only)."""
+    app = FastAPI(
+        title="sluice", docs_url=None, redoc_url=None, openapi_url=None,
+        dependencies=[Depends(reader or require_reader())],
+    )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def sign_in_first(request: Request, exc: StarletteHTTPException) -> Response:
+        # A browser opening the page (or a Data Docs page) without a session gets a way to sign in instead
+        # of bare JSON; API clients still get the plain 401.
+        if exc.status_code == 401 and "text/html" in request.headers.get("accept", ""):
+            from airflow.api_fastapi.app import create_auth_manager  # the API server's instance, once it has one
+
+            login = html.escape(create_auth_manager().get_url_login(next_url=str(request.url)))
+            return HTMLResponse(f'<p>Not signed in to Airflow. <a href="{login}">Sign in</a></p>', status_code=401)
+        return await http_exception_handler(request, exc)
+
+    @app.get("/ledger", response_class=HTMLResponse)
+    def ledger_page() -> FileResponse:
+        return FileResponse(UI / "ledger.html", media_type="text/html")
+
+    @app.get("/api/status")
+    def api_status() -> dict[str, Any]:
+        from sluice.cli.status import status_data
+
+        return status_data(load_settings())
+
+    @app.get("/api/windows")
+    def api_windows(request: Request, limit: int = Query(500, ge=1, le=10_000)) -> dict[str, Any]:
+        from sluice.airflow.api import windows_data
+
+        # Root-relative links that hold wherever the app is mounted (root_path is the mount prefix).
+        prefix = request.scope.get("root_path", "")
+        return windows_data(load_settings(), lambda page: f"{prefix}/docs/{quote(page)}", limit=limit)
+
+    @app.get("/api/streams")
+    def api_streams(hours: float = Query(24, gt=0, le=24 * 366)) -> dict[str, Any]:
+        from sluice.airflow.api import streams_data
+
+        return streams_data(load_settings(), hours=hours)
 
     @app.get("/status", response_class=PlainTextResponse)
     def status() -> str:
