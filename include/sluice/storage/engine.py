@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -41,6 +41,9 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
+
+if TYPE_CHECKING:
+    from sluice.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -578,6 +581,13 @@ def get_engine(
 
         return NativeDeltaEngine(spark, properties)
     return RsDeltaEngine(spark, properties)
+
+
+def engine_for(spark: SparkSession, settings: Settings) -> DeltaEngine:
+    """The engine ``settings`` choose (``delta_engine``), creating tables with sluice's table properties."""
+    from sluice.storage.tables import table_properties
+
+    return get_engine(spark, settings.delta_engine, properties=table_properties(settings))
 
 
 def _native_available(spark: SparkSession) -> bool:

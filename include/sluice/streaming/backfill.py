@@ -24,8 +24,7 @@ from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
-from sluice.storage import tables
-from sluice.storage.engine import DeltaEngine, get_engine
+from sluice.storage.engine import DeltaEngine, engine_for
 from sluice.storage.ledger import LedgerRow, next_version, read_ledger, write_ledger
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 
@@ -188,5 +187,4 @@ def run_backfill(
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
     with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
-        engine = get_engine(spark, settings.delta_engine, properties=tables.table_properties(settings))
-        return Backfill(spark, settings, engine, request, deliver_alerts).run()
+        return Backfill(spark, settings, engine_for(spark, settings), request, deliver_alerts).run()

@@ -18,8 +18,7 @@ from sluice.core.spark import get_spark
 from sluice.ingest.landing import BatchRow, local_path, run_ingest
 from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
-from sluice.storage import tables
-from sluice.storage.engine import get_engine
+from sluice.storage.engine import engine_for
 from sluice.streaming.runner import AggregateResult, run_pipeline
 
 log = logging.getLogger("sluice.cycle")
@@ -73,7 +72,7 @@ def run_cycle(
     streams = definition.streams
     started = time.monotonic()
     spark = spark or get_spark(settings, f"sluice-{pipeline}")
-    engine = get_engine(spark, settings.delta_engine, properties=tables.table_properties(settings))
+    engine = engine_for(spark, settings)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
@@ -108,5 +107,5 @@ def run_quality(
     definition = settings.pipeline(pipeline)
     spark = spark or get_spark(settings, f"sluice-dq-{pipeline}")
     with pipeline_lock(settings, pipeline, purpose="data quality"):
-        engine = get_engine(spark, settings.delta_engine, properties=tables.table_properties(settings))
+        engine = engine_for(spark, settings)
         return QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)
