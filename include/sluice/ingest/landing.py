@@ -31,7 +31,7 @@ import logging
 import os
 import uuid
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -45,6 +45,7 @@ from pyspark.sql import functions as F
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
+from sluice.core.progress import nothing, progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
@@ -383,6 +384,7 @@ class StreamIngest:
         self.dlq = tables.dlq(spec)
         self.checkpoint = settings.checkpoints / "ingest" / spec.name
         self.reports: list[BatchRow] = []
+        self._advance: Callable[[int], None] = nothing
 
     # -- setup --------------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
@@ -406,7 +408,10 @@ class StreamIngest:
         if landing.is_dir():
             self.quarantine_unreadable(landing)
         if landing.is_dir() and self._pending(landing):
-            self._run_query(landing)
+            files = len(self._new_files(landing))
+            with progress(files, f"ingest {self.spec.name}", "file") as self._advance:
+                self._run_query(landing)
+            self._advance = nothing
         elif landing.is_dir():
             log.info("%s: no new landing files", self.spec.name)
         else:
@@ -772,6 +777,8 @@ class StreamIngest:
 
     def _report(self, row: BatchRow) -> None:
         self.reports.append(row)
+        if row.spark_batch_id is not None:
+            self._advance(1)
         wm = lambda ts: ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "-"  # noqa: E731
         if row.is_heartbeat:
             log.info("ingest %-11s batch %4d heartbeat at %s  watermark %s -> %s", row.stream, row.batch_id,

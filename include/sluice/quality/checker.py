@@ -22,6 +22,7 @@ from pyspark.sql import functions as F
 from sluice.checks import Completeness
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
+from sluice.core.progress import progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
@@ -189,35 +190,46 @@ class QualityChecker:
             run_time=self.settings.now(),
             window_seconds=int(self.pipeline.window.size.total_seconds()),
         )
-        from sluice.checks import Between, NotNull
-        from sluice.quality.validator import OutputFrame
-
         results = []
         for window, validation in stray:
             results.append((window, validation, 0))
             report.checked.append(window)
             report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
-        for window in windows:
-            frames = [
-                OutputFrame(
-                    output.name, _window_rows(gold_by_output[output.name], window), output.keys,
-                    tuple(c for c in output.checks if isinstance(c, Between | NotNull)),
-                    outcome_prefix(self.pipeline, output),
-                )
-                for output in self.pipeline.outputs
-            ]
-            late = late_by_window.get(window, 0)
-            validation = validator.validate(
-                self.pipeline.name, window[0], window[1], outputs=frames,
-                completeness=completeness.get(window, {}), late_rows=late, total_rows=totals.get(window, 0) + late,
-            )
-            results.append((window, validation, late))
-            report.checked.append(window)
-            if not validation.success:
-                report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
+        with progress(len(windows), f"data quality {self.pipeline.name}", "window") as advance:
+            for window in windows:
+                results.append(self._validate(validator, window, gold_by_output, completeness, late_by_window,
+                                              totals, report))
+                advance(1)
         report.docs_index = validator.build_docs()
         self._record(results, report, final_state, deliver)
         return report
+
+    def _validate(
+        self, validator: Any, window: Window, gold_by_output: Mapping[str, Any],
+        completeness: Mapping[Window, Any], late_by_window: Mapping[Window, int], totals: Mapping[Window, int],
+        report: QualityReport,
+    ) -> tuple[Window, Any, int]:
+        """One window's validation (every output's suite and the totals), recorded in ``report``."""
+        from sluice.checks import Between, NotNull
+        from sluice.quality.validator import OutputFrame
+
+        frames = [
+            OutputFrame(
+                output.name, _window_rows(gold_by_output[output.name], window), output.keys,
+                tuple(c for c in output.checks if isinstance(c, Between | NotNull)),
+                outcome_prefix(self.pipeline, output),
+            )
+            for output in self.pipeline.outputs
+        ]
+        late = late_by_window.get(window, 0)
+        validation = validator.validate(
+            self.pipeline.name, window[0], window[1], outputs=frames,
+            completeness=completeness.get(window, {}), late_rows=late, total_rows=totals.get(window, 0) + late,
+        )
+        report.checked.append(window)
+        if not validation.success:
+            report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
+        return window, validation, late
 
     def _stray_records(self) -> list[tuple[Window, Any]]:
         """Accepted records that no window can hold: bronze hours before EARLIEST_EVENT_TIME. Ingest
