@@ -8,6 +8,11 @@ export SLUICE_HOME ?= $(CURDIR)/.sluice
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
 export TZ := UTC
+# Airflow reads sluice's DAGs and plugin from this repo for every target here (`make airflow`, `make run`,
+# `make test`), unless you set these yourself. Outside make, export them (see README, "Orchestration").
+export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
+export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
+export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
 .PHONY: setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow
 
@@ -28,14 +33,14 @@ chromium-check:
 
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
 setup: java-check chromium-check $(STAMP)
+	@# Older set-ups wrote a .pth that changed os.environ in every Python process of the venv: remove it.
+	@rm -f $(VENV)/lib/python*/site-packages/zz_sluice_airflow.pth
 $(STAMP): requirements.txt pyproject.toml
 	@command -v $(PYTHON) >/dev/null 2>&1 || { echo "ERROR: $(PYTHON) not found; sluice needs Python 3.11"; exit 1; }
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
-	# Airflow finds this repo's dags/ and plugins/ from any AIRFLOW_HOME (see sluice/airflow/defaults.py).
-	echo "import sluice.airflow.defaults" > "$$($(BIN)/python -c 'import sysconfig; print(sysconfig.get_path("purelib"))')/zz_sluice_airflow.pth"
 	touch $(STAMP)
 
 run: setup

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from sluice.core.api import Output, Pipeline, Stream
     from sluice.core.windows import WindowSpec
 
-# Resolved on first use: `import sluice.airflow.defaults` runs in every interpreter of the venv (a .pth
-# file), and must not pay for importing PySpark.
+# Resolved on first use: importing `sluice` (the CLI's --version, Airflow's plugin and DAG parsing) must not
+# pay for importing PySpark.
 _LAZY = {
     "Output": "sluice.core.api",
     "Pipeline": "sluice.core.api",

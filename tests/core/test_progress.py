@@ -27,10 +27,11 @@ def test_without_a_terminal_a_line_is_logged_at_every_tenth(caplog: pytest.LogCa
     assert len(lines) == 13  # every 2 files (25 // 10), and the last one
 
 
-def test_a_single_item_shows_no_progress(caplog: pytest.LogCaptureFixture) -> None:
+def test_a_short_step_logs_no_progress(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="sluice.progress")
-    with progress(1, "backfill", "window") as advance:
-        advance(1)
+    with progress(12, "ingest events", "file") as advance:
+        for _ in range(12):
+            advance(1)
     assert not [r for r in caplog.records if r.name == "sluice.progress"]
 
 

@@ -1,3 +1,4 @@
 """Airflow glue: the DAG factory and operator, the plugin's web app, and the defaults that point
-Airflow at this repo. Import-light: ``defaults`` runs in every interpreter of the venv.
+Airflow at this repo (``python -m sluice.airflow.defaults`` prints them as ``export`` lines). Import-light:
+the plugin is imported by every Airflow process.
 """

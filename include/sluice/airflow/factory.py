@@ -130,7 +130,11 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         self.spark_conn_id: str = conn_id
 
     def execute(self, context: Any) -> None:
+        from sluice.core.spark import log_conf  # imports PySpark: at run time, never at DAG parse time
+
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
+        # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties), unless the task says.
+        self.conf = {**log_conf(), **(self.conf or {})}
         if connection_defined(self.spark_conn_id):
             return super().execute(context)
         # The provider would fall back to YARN; sluice's contract is local mode.

@@ -6,7 +6,9 @@ import os
 import shutil
 import sys
 from datetime import UTC, datetime
+from pathlib import Path
 
+from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
@@ -41,11 +43,29 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
     # spark-submit already decided the master; only set it when we start the JVM ourselves.
     if master or (not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in _submit_conf()):
         builder = builder.master(master or settings.spark_master)
-    for key, value in spark_conf(settings).items():
+    # The JVM's logging is decided when it starts: only when this process starts it (not under spark-submit,
+    # whose JVM already runs and got its Java options from spark-submit's own --conf).
+    starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
+    for key, value in {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
+
+def log_conf() -> dict[str, str]:
+    """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
+    without start-up chatter and known-harmless noise). Takes effect only when this process starts the driver
+    JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
+    configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
+    SPARK_CONF_DIR)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if "extraJavaOptions" in _submit_conf() or (conf_dir and (Path(conf_dir) / "log4j2.properties").is_file()):
+        return {}
+    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}"}
 
 
 def _submit_conf() -> str:

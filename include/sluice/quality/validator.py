@@ -52,6 +52,22 @@ if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for i
 
 log = logging.getLogger(__name__)
 
+
+def _quiet_great_expectations() -> None:
+    """GE logs at INFO what nobody running a pipeline needs: ~200 "Skipping registering function" lines
+    when it is imported, "Multiple declarations of metric", its configuration being loaded. Keep its
+    warnings and errors, unless the application set GE's log level itself."""
+    ge = logging.getLogger("great_expectations")
+    if ge.level == logging.NOTSET:
+        ge.setLevel(logging.WARNING)
+    # GE sets this one to INFO itself when it is imported: let it follow its parent again.
+    base = logging.getLogger("great_expectations.data_context.types.base")
+    if base.level == logging.INFO:
+        base.setLevel(logging.NOTSET)
+
+
+_quiet_great_expectations()
+
 SITE_NAME = "sluice"
 _DATASOURCE = "sluice_dq"
 _TOTALS_ASSET = "window_totals"
@@ -409,6 +425,7 @@ def _make_context(docs_dir: Path, store_dir: Path) -> AbstractDataContext:
         # tqdm bars per validation would flood the Airflow task log.
         progress_bars=ProgressBarsConfig(globally=False),
     )
+    _quiet_great_expectations()
     return gx.get_context(mode="ephemeral", project_config=config)
 
 

@@ -1,0 +1,73 @@
+"""Quiet, useful logs: a small cycle's log fits on a screen, with sluice's own lines and without Great
+Expectations' and Spark's noise."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sluice.core import spark as sluice_spark
+
+NOISE = [
+    "Skipping registering function",  # Great Expectations, ~200 lines when it is imported
+    "Multiple declarations of metric",  # Great Expectations
+    "Loading 'datasources'",  # Great Expectations
+    "Unable to close MANIFEST",  # RocksDB (state store) at shutdown
+    "Using Spark's default log4j profile",  # Spark without sluice's log4j2.properties
+    "NativeCodeLoader",
+    "Disabling AQE",
+    "adaptive.enabled is not supported in streaming",
+    "Truncated the string representation of a plan",
+]
+
+
+def test_spark_log_conf_points_at_the_packaged_properties(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
+    monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    conf = sluice_spark.log_conf()
+    option = conf["spark.driver.extraJavaOptions"]
+    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()}"
+    assert "rootLogger.level = warn" in sluice_spark.LOG4J2_PROPERTIES.read_text()
+    # The user's own Spark logging wins.
+    (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
+    monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))
+    assert sluice_spark.log_conf() == {}
+    monkeypatch.delenv("SPARK_CONF_DIR")
+    monkeypatch.setenv("PYSPARK_SUBMIT_ARGS", "--conf spark.driver.extraJavaOptions=-Dx=y pyspark-shell")
+    assert sluice_spark.log_conf() == {}
+
+
+def test_great_expectations_logs_warnings_only() -> None:
+    import sluice.quality.validator  # noqa: F401
+
+    ge = logging.getLogger("great_expectations")
+    assert ge.getEffectiveLevel() == logging.WARNING
+    assert not logging.getLogger("great_expectations._docs_decorators").isEnabledFor(logging.INFO)
+
+
+def _sluice(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR"}}
+    env["SLUICE_HOME"] = str(home)
+    return subprocess.run([sys.executable, "-m", "sluice.cli", *args], env=env, cwd=home,
+                          capture_output=True, text=True, timeout=900)
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_small_cycle_log_fits_on_a_screen(tmp_path: Path) -> None:
+    generated = _sluice(tmp_path, "generate", "--hours", "1", "--streams", "events", "--seed", "3")
+    assert generated.returncode == 0, generated.stderr
+    result = _sluice(tmp_path, "run", "user_activity_hourly", "--now", "2024-05-01T02:00:00Z")
+    assert result.returncode == 0, result.stderr[-5000:]
+    lines = result.stderr.splitlines()
+    for noise in NOISE:
+        assert not [line for line in lines if noise in line], f"{noise!r} in the log:\n{result.stderr}"
+    for own in ("sluice.cycle: cycle user_activity_hourly: ingesting events", "sluice.ingest: ingest events",
+                "sluice.aggregate: user_activity_hourly: closed window", "sluice.quality: user_activity_hourly:"):
+        assert any(own in line for line in lines), f"{own!r} missing from the log:\n{result.stderr}"
+    assert len(lines) <= 40, f"{len(lines)} lines:\n{result.stderr}"
