@@ -123,5 +123,5 @@ def test_catch_up_setting_is_validated() -> None:
     from sluice.config import ConfigError
 
     assert load_settings({"SLUICE_CATCHUP_MIN_WINDOWS": "0"}, home="/tmp/x").catchup_min_windows == 0
-    with pytest.raises(ConfigError, match="catchup_min_windows"):
+    with pytest.raises(ConfigError, match="SLUICE_CATCHUP_MIN_WINDOWS"):
         load_settings({"SLUICE_CATCHUP_MIN_WINDOWS": "-1"}, home="/tmp/x")
