@@ -39,9 +39,9 @@ Airflow runs the same code on a schedule; this command runs it by hand."""
 EPILOG = """\
 examples:
   sluice pipelines                               what is registered: streams, windows, checks
-  sluice run ad_clicks_hourly                    one full cycle: ingest, aggregate, check
-  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z
-  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
+  sluice run orders_hourly                    one full cycle: ingest, aggregate, check
+  sluice run orders_hourly --now 2024-05-01T07:00:00Z
+  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
   sluice status                                  watermarks, windows, row counts
   sluice status --json | jq '.streams'           the same, for scripts
   sluice alerts --deliver                        send the alerts a run recorded but did not send
@@ -372,7 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Write synthetic event files under $SLUICE_HOME/landing/, with controllable disorder, late, early,\n"
         "duplicate and malformed records and idle gaps. The same --seed writes the same bytes.",
         "  sluice generate --hours 6 --seed 7\n"
-        "  sluice generate --hours 2 --late-share 0.01 --duplicate-share 0.02 --streams clicks,impressions",
+        "  sluice generate --hours 2 --late-share 0.01 --duplicate-share 0.02 --streams events",
     )
     try:
         from sluice_tools.generate import add_arguments
@@ -387,9 +387,9 @@ def build_parser() -> argparse.ArgumentParser:
         "One full cycle of a pipeline: ingest the files that arrived for its streams, close the windows\n"
         "the watermark has passed, write them to the gold tables and check them (data quality). What the\n"
         "scheduled DAG does, in one process.",
-        "  sluice run ad_clicks_hourly\n"
-        "  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
-        "  sluice run ad_clicks_hourly --json | jq '.quality.failed'",
+        "  sluice run orders_hourly\n"
+        "  sluice run orders_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
+        "  sluice run orders_hourly --json | jq '.quality.failed'",
         CYCLE_EXIT_CODES,
     )
     run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
@@ -407,7 +407,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the data-quality checks on every window that is closed but not validated yet (the DAGs'\n"
         "check_quality task). Failing windows are recorded and alerted; the exit code stays 0 unless\n"
         "--strict.",
-        "  sluice check ad_clicks_hourly --strict",
+        "  sluice check orders_hourly --strict",
         "  0   done (and, with --strict, every window passed)\n  1   the command failed\n"
         "  2   with --strict: some windows failed their checks\n  64  wrong usage",
     )
@@ -422,7 +422,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "ingest", "ingest landing streams into bronze only",
         "Ingest the files that arrived for some streams into their bronze, quarantine and DLQ tables,\n"
         "without aggregating or checking.",
-        "  sluice ingest clicks impressions",
+        "  sluice ingest orders",
     )
     ingest.add_argument("streams", nargs="+", help="stream names (see `sluice pipelines`)")
     ingest.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
@@ -433,8 +433,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Recompute the windows in [start, end) from bronze, replace them in one atomic commit, check\n"
         "them again and mark them reprocessed. Running it twice gives the same tables. It waits for a\n"
         "scheduled run of the same pipeline to finish, and the other way round.",
-        "  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
-        "  sluice backfill ad_clicks_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
+        "  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
+        "  sluice backfill orders_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
         "--include-late",
         CYCLE_EXIT_CODES,
     )
@@ -481,7 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
         "The alerts in ops/alerts that were recorded but not delivered yet (a run with --no-deliver, or a\n"
         "DAG run before its send_alerts task). --deliver sends them through the Airflow connections\n"
         "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.",
-        "  sluice alerts\n  sluice alerts ad_clicks_hourly --deliver",
+        "  sluice alerts\n  sluice alerts orders_hourly --deliver",
         "  0   listed (or all delivered)\n  1   the command failed, or an alert failed on a channel\n"
         "  64  wrong usage",
     )
