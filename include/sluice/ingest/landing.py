@@ -405,11 +405,10 @@ class StreamIngest:
         self.ensure_tables()
         self.reconcile_single_row_batches()
         landing = self.settings.landing_dir(self.spec.name)
-        if landing.is_dir():
-            self.quarantine_unreadable(landing)
-        if landing.is_dir() and self._pending(landing):
-            files = len(self._new_files(landing))
-            with progress(files, f"ingest {self.spec.name}", "file") as self._advance:
+        # One listing serves the unreadable-file probe, the "anything to do?" test and the progress total.
+        readable = self.quarantine_unreadable(self._new_files(landing)) if landing.is_dir() else []
+        if landing.is_dir() and (readable or self._uncommitted_batch()):
+            with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
                 self._run_query(landing)
             self._advance = nothing
         elif landing.is_dir():
@@ -419,20 +418,18 @@ class StreamIngest:
         self.maybe_heartbeat()
         return self.reports
 
-    def _pending(self, landing: Path) -> bool:
-        """Whether the ingest query has anything to do: a landing file that no ops row records yet, or a
-        Spark batch that was planned but never committed (a crash). Starting an availableNow query costs
-        seconds even when it finds nothing, which is the common case of a scheduled cycle. Errs towards
-        True: an unmatched name (e.g. an empty file, which yields no ops row) only costs that start."""
+    def _uncommitted_batch(self) -> bool:
+        """Whether the ingest query planned a Spark batch it never committed (a crash). Together with new
+        landing files, this decides whether the query runs at all: starting an availableNow query costs
+        seconds even when it finds nothing, which is the common case of a scheduled cycle. (A file that
+        yields no ops row, e.g. an empty one, only costs that start on each cycle.)"""
 
         def last(folder: Path) -> int:
             if not folder.is_dir():
                 return -1
             return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=-1)
 
-        if last(self.checkpoint / "offsets") != last(self.checkpoint / "commits"):
-            return True
-        return bool(self._new_files(landing))
+        return last(self.checkpoint / "offsets") != last(self.checkpoint / "commits")
 
     def _new_files(self, landing: Path) -> list[Path]:
         """Landing files that no ops row records yet, in arrival order (mtime, then path). Like Spark's
@@ -446,12 +443,11 @@ class StreamIngest:
         return sorted(found, key=lambda f: (f.stat().st_mtime, str(f)))
 
     # -- unreadable files ---------------------------------------------------------------------------
-    def quarantine_unreadable(self, landing: Path) -> None:
+    def quarantine_unreadable(self, new: list[Path]) -> list[Path]:
         """SPEC 2: a file that cannot be read at all (a corrupt or truncated .gz, no read permission) gets
         one quarantine row, reason ``unreadable_file`` with the error in ``detail``, and its own ops row,
         so that it never blocks the stream. The streaming query then skips it (``ignoreCorruptFiles``) and
-        drops any lines Spark could read from it before the corruption."""
-        new = self._new_files(landing)
+        drops any lines Spark could read from it before the corruption. Returns the readable ones."""
         errors = self._probe([str(f) for f in new])
         state = load_state(self.settings, self.spec.name)
         batch_id = state.last_batch_id
@@ -473,6 +469,7 @@ class StreamIngest:
             )
             self._write_unreadable(row, errors[str(f)])
             self._report(row)
+        return [f for f in new if errors.get(str(f)) is None]
 
     def _probe(self, paths: list[str]) -> dict[str, str | None]:
         """probe_file for each path. Decompressing a .gz to its end is real work, so it runs on the
