@@ -74,7 +74,7 @@ def alert() -> Alert:
             {"expectation": "completeness:impressions", "observed_value": "gold=10 bronze=12"},
             {"expectation": "lateness", "observed_value": "dlq_ratio=0.05 > 0.01"},
         ],
-        docs_path="/tmp/sluice/data_docs/index.html",
+        docs_url="https://airflow.example.com/sluice/docs/index.html",
         raised_at=datetime(2024, 5, 1, 12, 5, 30, tzinfo=UTC),
     )
 
@@ -99,7 +99,7 @@ def test_payload_fields(alert: Alert) -> None:
     assert payload["window_end"] == "2024-05-01T11:00:00Z"
     assert payload["raised_at"] == "2024-05-01T12:05:30Z"
     assert payload["failed"] == alert.failed
-    assert payload["docs_path"] == "/tmp/sluice/data_docs/index.html"
+    assert payload["docs_url"] == "https://airflow.example.com/sluice/docs/index.html"
     assert payload["message"] == alert.message
     json.dumps(payload)  # serialisable as is
 
@@ -123,7 +123,7 @@ def test_webhook_posts_json(monkeypatch: pytest.MonkeyPatch, webhook: WebhookSer
         {"expectation": "completeness:impressions", "observed_value": "gold=10 bronze=12"},
         {"expectation": "lateness", "observed_value": "dlq_ratio=0.05 > 0.01"},
     ]
-    assert body["docs_path"] == "/tmp/sluice/data_docs/index.html"
+    assert body["docs_url"] == "https://airflow.example.com/sluice/docs/index.html"
     assert body["message"] == alert.message
 
 
@@ -149,7 +149,7 @@ def test_smtp_sends_email(monkeypatch: pytest.MonkeyPatch, smtp_server: SmtpServ
     assert "2024-05-01T10:00:00Z" in body and "2024-05-01T11:00:00Z" in body
     assert "completeness:impressions" in body and "gold=10 bronze=12" in body
     assert "&gt; 0.01" in body  # observed values are escaped, not markup
-    assert "/tmp/sluice/data_docs/index.html" in body
+    assert 'href="https://airflow.example.com/sluice/docs/index.html"' in body
 
 
 def test_smtp_defaults_sender_is_recipient(monkeypatch: pytest.MonkeyPatch, smtp_server: SmtpServer,

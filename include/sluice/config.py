@@ -15,6 +15,7 @@ Environment variables:
 ``SLUICE_PIPELINES``               the pipelines folder (YAML ``pipelines_path``; default ``pipelines/``)
 ``SLUICE_<STREAM>_<KEY>``          per-stream override, e.g. ``SLUICE_READINGS_WATERMARK_DELAY=15m``
 ``SLUICE_<KEY>``                   global key, e.g. ``SLUICE_MAX_FILES_PER_TRIGGER=50``
+``SLUICE_<PIPELINE>_<KEY>``        per-pipeline policy, e.g. ``SLUICE_DEVICE_TEMPS_CORRECTIONS=auto``
 =================================  ==========================================================
 """
 
@@ -30,6 +31,7 @@ from typing import Any
 
 import yaml
 
+from sluice.core.api import CORRECTION_POLICIES
 from sluice.core.errors import ConfigError
 from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import Registry, default_pipelines_path, load_registry
@@ -71,6 +73,15 @@ class Settings:
     # and pipeline -> (window size, hop), from YAML or the environment.
     stream_overrides: Mapping[str, Mapping[str, timedelta]] = field(default_factory=dict)
     windows: Mapping[str, tuple[timedelta, timedelta | None]] = field(default_factory=dict)
+    # Corrections of closed windows (README "Operations"): at most this many per pipeline and cycle, so a
+    # flood of late data cannot starve the schedule. Per pipeline in YAML ``pipelines.<name>``.
+    max_corrections_per_run: int = 24
+    # pipeline -> {corrections, correction_max_age, max_corrections_per_run, freshness_grace}, from YAML or
+    # the environment; they override the pipeline's declaration.
+    policies: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    # Where alerts point for Data Docs: a URL base under which the Data Docs pages are served. Default:
+    # the Airflow plugin's path (``/sluice/docs``) on Airflow's ``[api] base_url``.
+    data_docs_url: str | None = None
 
     # The registry as loaded for these settings: one consistent view of the definitions for the whole run,
     # instead of re-scanning the pipelines folder on every stream or pipeline lookup.
@@ -101,7 +112,15 @@ class Settings:
         if name in self.windows:
             size, hop = self.windows[name]
             definition = replace(definition, window=WindowSpec(size, hop))
-        return definition
+        return replace(definition, max_corrections_per_run=self.max_corrections_per_run,
+                       **dict(self.policies.get(name) or {}))
+
+    def docs_url(self, page: str = "index.html") -> str:
+        """The URL of a Data Docs page (relative to the Data Docs folder) for alerts and the CLI."""
+        base = self.data_docs_url
+        if base is None:
+            base = _airflow_base_url().rstrip("/") + "/sluice/docs"
+        return base.rstrip("/") + "/" + page.lstrip("/")
 
     def now(self) -> datetime:
         """The injectable "now": ``SLUICE_NOW``/``--now`` if given, else the wall clock (UTC)."""
@@ -289,7 +308,32 @@ _GLOBALS: dict[str, Convert] = {
         MIN_RETENTION_HOURS, " hours, so that running readers and retried writes never lose files"
     ),
     "lateness_threshold": _share,
+    "max_corrections_per_run": _whole(1),
+    "data_docs_url": _text("https://airflow.example.com/sluice/docs"),
 }
+
+# Per-pipeline policy keys (YAML ``pipelines.<name>.<key>``, env ``SLUICE_<PIPELINE>_<KEY>``) and the
+# PipelineDef field each sets.
+POLICY_KEYS: dict[str, str] = {
+    "corrections": "corrections",
+    "max_age": "correction_max_age",
+    "max_corrections_per_run": "max_corrections_per_run",
+    "freshness_grace": "freshness_grace",
+}
+
+
+def _airflow_base_url() -> str:
+    """Airflow's ``[api] base_url`` (where the sluice plugin is served), without importing Airflow when its
+    environment variable says it; ``http://localhost:8080`` (Airflow's default) otherwise."""
+    url = os.environ.get("AIRFLOW__API__BASE_URL")
+    if url:
+        return url
+    try:
+        from airflow.configuration import conf
+
+        return str(conf.get("api", "base_url", fallback="") or "http://localhost:8080")
+    except Exception:  # Airflow not installed or not configured: the default of its config
+        return "http://localhost:8080"
 
 
 @dataclass(frozen=True)
@@ -308,6 +352,14 @@ class _Each:
     names: Collection[str]
     item: _Section
     example: str
+
+
+_POLICY: dict[str, Convert] = {
+    "corrections": _choice(CORRECTION_POLICIES),
+    "max_age": _positive_duration,
+    "max_corrections_per_run": _whole(1),
+    "freshness_grace": parse_duration,
+}
 
 
 def _schema(registry: Registry) -> _Section:
@@ -329,7 +381,7 @@ def _schema(registry: Registry) -> _Section:
             ),
             "pipelines": _Each(
                 "pipeline", set(registry.pipelines),
-                _Section({"window": window}, "{window: {size: 1h, hop: 30m}}"),
+                _Section({"window": window, **_POLICY}, "{window: {size: 1h, hop: 30m}, corrections: auto}"),
                 f"{{{pipeline}: {{window: {{size: 1h}}}}}}",
             ),
         },
@@ -446,6 +498,16 @@ def load_settings(
             # A size alone keeps the declared hop (if any): hopping windows stay hopping.
             windows[pipeline] = (size or declared.size, hop or declared.hop)
 
+    policies: dict[str, dict[str, Any]] = {}
+    for pipeline in sorted(registry.pipelines):
+        section = conf.get("pipelines", {}).get(pipeline, {})
+        for key, target in POLICY_KEYS.items():
+            env_key = f"SLUICE_{_env_name(pipeline)}_{key.upper()}"
+            if env.get(env_key):
+                policies.setdefault(pipeline, {})[target] = _POLICY[key](env[env_key], env_key)
+            elif key in section:
+                policies.setdefault(pipeline, {})[target] = section[key]
+
     if now is not None:
         now_value: datetime | None = parse_time(now, "--now" if isinstance(now, str) else "now")
     elif env.get("SLUICE_NOW"):
@@ -463,6 +525,7 @@ def load_settings(
         _registry=registry,
         stream_overrides=overrides,
         windows=windows,
+        policies=policies,
         **typed,
     )
 

@@ -49,6 +49,7 @@ in the context they report the failed task instead), and ``send_alert`` runs the
 
 from __future__ import annotations
 
+import hashlib
 import html
 import json
 import logging
@@ -94,9 +95,16 @@ def _one_line(value: object) -> str:
     return " ".join(str(value).split())
 
 
-#: Alert kinds: a closed window failed its checks; landing files could not be read (quarantined whole).
+#: Alert kinds: a closed window failed its checks; landing files could not be read (quarantined whole); a
+#: closed window was re-computed with its late records (a notice, level info); a window stayed open past
+#: end + lateness_bound + freshness_grace; an Airflow task of sluice crashed.
 DQ_FAILURE = "dq_failure"
 UNREADABLE_FILE = "unreadable_file"
+CORRECTION = "correction"
+STALE = "stale"
+TASK_FAILURE = "task_failure"
+#: The level of each kind: only notices are informational.
+LEVELS = {DQ_FAILURE: "error", UNREADABLE_FILE: "error", CORRECTION: "info", STALE: "error", TASK_FAILURE: "error"}
 
 
 @dataclass(frozen=True)
@@ -108,15 +116,59 @@ class Alert:
     window_start: datetime | None
     window_end: datetime | None
     failed: list[dict[str, str]]  # each {"expectation": ..., "observed_value": ...}
-    docs_path: str | None
+    docs_url: str | None  # the Data Docs page to look at (a URL, never a server path)
     raised_at: datetime
     kind: str = DQ_FAILURE
+    # With pipeline, window and kind, the alert's key in the ops/alerts outbox: a window's n-th validation
+    # round (or correction) raises attempt n, so a retried task re-raises the same alert, not a new one.
+    attempt: int = 1
+
+    @property
+    def level(self) -> str:
+        """``error`` for failures, ``info`` for notices (corrections)."""
+        return LEVELS.get(self.kind, "error")
+
+    @property
+    def alert_id(self) -> str:
+        """The outbox key as one stable string: ``<pipeline>/<start>/<end>/<kind>/<attempt>``. Alerts with no
+        window (unreadable files, task failures) add a digest of what they report, so that the same files
+        or the same failed task instance give the same id on a retry, and different ones do not collide."""
+        start = _rfc3339(self.window_start) if self.window_start else "-"
+        end = _rfc3339(self.window_end) if self.window_end else "-"
+        key = f"{self.pipeline}/{start}/{end}/{self.kind}/{self.attempt}"
+        if self.window_start is None:
+            items = json.dumps(self.failed, sort_keys=True).encode("utf-8")
+            key += "/" + hashlib.sha256(items).hexdigest()[:12]
+        return key
 
     @classmethod
     def unreadable_files(cls, pipeline: str, files: Iterable[tuple[str, str]], raised_at: datetime) -> Alert:
         """``files``: (stream, path) of each landing file quarantined whole in one cycle."""
         failed = [{"expectation": f"{UNREADABLE_FILE}:{stream}", "observed_value": path} for stream, path in files]
         return cls(pipeline, None, None, failed, None, raised_at, UNREADABLE_FILE)
+
+    @classmethod
+    def stale(cls, pipeline: str, window: tuple[datetime, datetime], due: datetime, holding: Mapping[str, Any],
+              raised_at: datetime, docs_url: str | None = None) -> Alert:
+        """The window was due closed at ``due`` (end + lateness_bound + freshness_grace) and is still open;
+        ``holding``: the stream(s) whose watermark holds it back -> that watermark (None: no data yet)."""
+        failed = [{"expectation": f"freshness:{stream}",
+                   "observed_value": f"watermark {_rfc3339(mark) if mark else 'none yet'}, window due closed by "
+                                     f"{_rfc3339(due)}"}
+                  for stream, mark in sorted(holding.items())]
+        return cls(pipeline, window[0], window[1], failed, docs_url, raised_at, STALE)
+
+    @classmethod
+    def task_failure(cls, pipeline: str, context: Mapping[str, Any], raised_at: datetime) -> Alert:
+        """An Airflow task of the pipeline failed for good (its retries used up): its on_failure_callback."""
+        event = _task_event(context)
+        ti = context.get("ti") or context.get("task_instance")
+        try_number = getattr(ti, "try_number", None)
+        failed = [{"expectation": f"task:{event['dag_id']}.{event['task_id']}",
+                   "observed_value": f"run {event['run_id']}"
+                                     + (f" try {try_number}" if try_number else "")
+                                     + (f": {event['exception']}" if event["exception"] else "")}]
+        return cls(pipeline, None, None, failed, None, raised_at, TASK_FAILURE)
 
     @property
     def window_label(self) -> str:
@@ -131,6 +183,12 @@ class Alert:
     def summary(self) -> str:
         """Pipeline, window and the number of failed checks: the email subject."""
         count = len(self.failed)
+        if self.kind == CORRECTION:
+            return f"sluice: {self.pipeline} window {self.window_label} corrected with its late records"
+        if self.kind == STALE:
+            return f"sluice: {self.pipeline} window {self.window_label} is stale: not closed in time"
+        if self.kind == TASK_FAILURE:
+            return f"sluice: {self.pipeline}: an Airflow task failed"
         if self.kind == UNREADABLE_FILE:
             files = "1 landing file could not be read and was" if count == 1 else (
                 f"{count} landing files could not be read and were")
@@ -159,9 +217,15 @@ class Alert:
                 {"expectation": str(item.get("expectation", "")), "observed_value": str(item.get("observed_value", ""))}
                 for item in self.failed
             ],
-            "docs_path": self.docs_path,
+            "docs_url": self.docs_url,
             "message": self.message,
             "raised_at": _rfc3339(self.raised_at),
+            "kind": self.kind,
+            "level": self.level,
+            "attempt": self.attempt,
+            # Receivers can drop repeats by this id: delivery is at-least-once when a crash falls between
+            # sending and recording the delivery.
+            "alert_id": self.alert_id,
         }
 
     def email(self) -> tuple[str, str]:
@@ -171,12 +235,15 @@ class Alert:
             f"{html.escape(str(item.get('observed_value', '')))}</li>"
             for item in self.failed
         )
-        docs = f"<p>Data Docs: {html.escape(self.docs_path)}</p>" if self.docs_path else ""
+        docs = (f'<p>Data Docs: <a href="{html.escape(self.docs_url)}">{html.escape(self.docs_url)}</a></p>'
+                if self.docs_url else "")
         window = (
             f"<br>Window: {html.escape(_rfc3339(self.window_start))} to {html.escape(_rfc3339(self.window_end))}"
             if self.window_start and self.window_end else ""
         )
-        heading = "Failed expectations" if self.kind == DQ_FAILURE else "Files quarantined whole"
+        heading = {DQ_FAILURE: "Failed expectations", UNREADABLE_FILE: "Files quarantined whole",
+                   CORRECTION: "What changed (before -> after)", STALE: "Streams holding it back",
+                   TASK_FAILURE: "Failed task"}.get(self.kind, "Details")
         body = (
             f"<p>{html.escape(self.message)}</p>"
             f"<p>Pipeline: <b>{html.escape(self.pipeline)}</b>{window}</p>"

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from sluice.core.windows import WindowSpec
 
 FIELD_TYPES = ("string", "long", "double", "boolean", "timestamp")
+CORRECTION_POLICIES = ("manual", "auto")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns sluice adds to bronze and DLQ rows; a stream field of the same name would collide with them.
@@ -190,6 +191,13 @@ class Pipeline:
     lateness_bound: str | timedelta | float = 0
     description: str = ""
     tags: Sequence[str] = ()
+    # Late data and freshness (README "Operations"): what happens when DLQ records land for a closed window
+    # ("manual": the window is flagged ``amended``; "auto": the next cycle re-computes it with its late
+    # records), how old a window may be and still be corrected automatically, and how long after
+    # end + lateness_bound a window may stay open before a ``stale`` alert.
+    corrections: str = "manual"
+    max_age: str | timedelta | float = "7d"
+    freshness_grace: str | timedelta | float = "1h"
     window_size: timedelta = field(init=False, repr=False)
     window_hop: timedelta | None = field(init=False, repr=False)
 
@@ -222,6 +230,12 @@ class Pipeline:
         object.__setattr__(self, "window_hop", hop)
         object.__setattr__(self, "lateness_bound", _duration(owner, "lateness_bound", self.lateness_bound))
         object.__setattr__(self, "tags", tuple(self.tags))
+        if self.corrections not in CORRECTION_POLICIES:
+            raise DefinitionError(
+                f"{owner}: corrections must be one of {', '.join(CORRECTION_POLICIES)}, got {self.corrections!r}"
+            )
+        object.__setattr__(self, "max_age", _duration(owner, "max_age", self.max_age))
+        object.__setattr__(self, "freshness_grace", _duration(owner, "freshness_grace", self.freshness_grace))
 
     @property
     def stream_names(self) -> tuple[str, ...]:

@@ -105,6 +105,13 @@ class PipelineDef:
     description: str = ""
     tags: tuple[str, ...] = ()
     source: Path | None = None  # the file that declared it
+    # Late data after a window closed: "manual" flags it ``amended``; "auto" also re-computes it (at most
+    # ``max_corrections_per_run`` windows per cycle, none older than ``correction_max_age``).
+    corrections: str = "manual"
+    correction_max_age: timedelta = timedelta(days=7)
+    max_corrections_per_run: int = 24
+    # A window still open at end + lateness_bound + freshness_grace raises one ``stale`` alert.
+    freshness_grace: timedelta = timedelta(hours=1)
 
     def output(self, name: str) -> OutputDef:
         for out in self.outputs:
@@ -124,4 +131,7 @@ class PipelineDef:
             description=pipeline.description,
             tags=tuple(pipeline.tags),
             source=source,
+            corrections=pipeline.corrections,
+            correction_max_age=pipeline.max_age,  # type: ignore[arg-type]  # parsed by Pipeline
+            freshness_grace=pipeline.freshness_grace,  # type: ignore[arg-type]
         )

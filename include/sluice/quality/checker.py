@@ -8,7 +8,6 @@ never a scan of raw data. Results go to ops/dq_results and Data Docs; the ledger
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -87,61 +86,33 @@ def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], boo
     return tables.hours_overlapping(min(s for s, _ in windows), max(e for _, e in windows))
 
 
-PENDING = "pending"
-
-
 def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
-    """Send the alerts that a DQ step recorded but did not deliver, then mark them delivered. Pure delta-rs
-    (no Spark): this runs in the Airflow worker. Returns the messages delivered."""
-    from deltalake import DeltaTable
+    """Send the pipeline's alerts recorded in the ops/alerts outbox but not delivered yet, and mark them
+    delivered; returns their messages. Pure delta-rs (no Spark): this runs in the Airflow worker."""
+    from sluice.alerting.outbox import deliver_pending
 
-    from sluice.alerting.notifiers import DQ_FAILURE, UNREADABLE_FILE, Alert, send_alert
-    from sluice.storage.engine import read_small_table
-
-    path = tables.ALERTS.path(settings)
-    data = read_small_table(path)
-    if data is None:
-        return []
-    sent: list[str] = []
-    handled: set[str] = set()
-    for row in data.to_pylist():
-        # Rows with the same message are one alert: the update below marks them all delivered at once.
-        if row["pipeline"] != pipeline or row["channels"] != PENDING or row["message"] in handled:
-            continue
-        handled.add(row["message"])
-        windowed = row["window_start"] is not None  # only unreadable-file alerts have no window
-        alert = Alert(
-            pipeline=row["pipeline"], window_start=row["window_start"], window_end=row["window_end"],
-            failed=json.loads(row["failed_expectations"] or "[]"),
-            docs_path=str(docs_dir(settings) / "index.html") if windowed else None, raised_at=row["raised_at"],
-            kind=DQ_FAILURE if windowed else UNREADABLE_FILE,
-        )
-        channels = send_alert(alert)
-        # Keyed by the stored message (pipeline + window + failures): a string predicate, because delta-rs
-        # cannot compare a timestamp(us, UTC) column with a timestamp literal.
-        stored = str(row["message"]).replace("'", "''")
-        DeltaTable(str(path)).update(
-            updates={"channels": f"'{','.join(channels) or 'none'}'"},
-            predicate=f"pipeline = '{pipeline}' AND channels = '{PENDING}' AND message = '{stored}'",
-        )
-        sent.append(alert.message)
-    return sent
+    return [alert.message for alert in deliver_pending(settings, pipeline).delivered]
 
 
 def raise_alert(settings: Settings, engine: DeltaEngine, alert: Any, *, deliver: bool) -> list[str]:
-    """Deliver ``alert`` (an :class:`~sluice.alerting.notifiers.Alert`), or leave it pending for the DAG's
-    alert task, and record it in ops/alerts. Returns the channels that delivered it."""
-    from sluice.alerting.notifiers import send_alert
+    """Record ``alert`` in the ops/alerts outbox and deliver it now or leave it to the DAG's alert task
+    (:func:`sluice.alerting.outbox.raise_alert`). Returns the channels that delivered it."""
+    from sluice.alerting.outbox import raise_alert as record_and_deliver
 
-    channels = send_alert(alert) if deliver else []
-    log.warning("%s", alert.message)
-    path = tables.ALERTS.path(settings)
-    engine.ensure_table(path, tables.ALERTS.schema)
-    app = f"sluice.alerts.{alert.pipeline}"
-    row = (alert.pipeline, alert.window_start, alert.window_end, alert.raised_at, alert.message,
-           ",".join(channels) if deliver else PENDING, json.dumps(alert.failed, sort_keys=True))
-    engine.append_rows([row], tables.ALERTS.schema, path, app_id=app, version=next_version(engine, path, app))
-    return channels
+    return record_and_deliver(settings, alert, deliver=deliver, engine=engine)
+
+
+def docs_url(settings: Settings, page: Path | str | None) -> str | None:
+    """The URL of a Data Docs page (a path under the Data Docs folder), for alerts."""
+    if page is None:
+        return None
+    root = docs_dir(settings)
+    path = Path(page)
+    try:
+        relative = path.resolve().relative_to(root.resolve()) if path.is_absolute() else path
+    except ValueError:
+        return None
+    return settings.docs_url(relative.as_posix())
 
 
 class QualityChecker:
@@ -171,10 +142,14 @@ class QualityChecker:
         on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
         ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task).
         ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them."""
-        windows = sorted(set(windows if windows is not None else self.pending()))
         report = QualityReport(self.pipeline.name)
+        if windows is None:  # the scheduled check (not a backfill's): also judge freshness
+            self._freshness()
+        windows = sorted(set(windows if windows is not None else self.pending()))
         stray = self._stray_records()
         if not windows and not stray:
+            if deliver:  # alerts a crashed run recorded but did not deliver
+                deliver_pending_alerts(self.settings, self.pipeline.name)
             return report
         # Imported only when there is something to validate: GE takes seconds to import.
         from sluice.quality.validator import WindowValidator
@@ -230,6 +205,17 @@ class QualityChecker:
         if not validation.success:
             report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
         return window, validation, late
+
+    def _freshness(self) -> None:
+        """Record a ``stale`` alert when the oldest open window is past end + bound + freshness_grace
+        (:mod:`sluice.quality.freshness`); delivered with the step's other alerts."""
+        from sluice.quality.freshness import stale_alerts
+
+        alerts = stale_alerts(self.settings, self.pipeline)
+        if alerts:
+            from sluice.alerting.outbox import record_alerts
+
+            record_alerts(self.settings, alerts, self.engine)
 
     def _stray_records(self) -> list[tuple[Window, Any]]:
         """Accepted records that no window can hold: bronze hours before EARLIEST_EVENT_TIME. Ingest
@@ -316,7 +302,11 @@ class QualityChecker:
 
     # -- outputs --------------------------------------------------------------------------------------
     def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:
-        from sluice.alerting.notifiers import Alert, send_alert
+        """Results, then the outbox, then the ledger, then delivery: each step is one atomic commit, and a
+        crash between any two leaves a state the rerun completes with exactly one alert per failing window
+        (a window whose ledger state was not written yet is validated again; its alert key is the same)."""
+        from sluice.alerting.notifiers import Alert
+        from sluice.alerting.outbox import deliver_pending, record_alerts
 
         now = self.settings.now()
         name = self.pipeline.name
@@ -336,11 +326,13 @@ class QualityChecker:
 
         ledger = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, name)}
         updated = []
-        alert_rows = []
+        alerts = []
         for window, validation, n_late in results:
             row = ledger.get(window) or LedgerRow(
                 name, window[0], window[1], "closed", None, len(validation.outcomes), n_late, now, now
             )
+            # This validation round: the key of the window's alert, stable until the ledger records it.
+            row.attempt = (row.attempt or 0) + 1
             row.late_rows = n_late
             row.updated_at = now
             if validation.success:
@@ -349,27 +341,20 @@ class QualityChecker:
             else:
                 row.state = "failed"
                 row.detail = "; ".join(f"{o.expectation} ({o.observed_value})" for o in validation.failed)
-                alert = Alert(
+                alerts.append(Alert(
                     pipeline=name, window_start=window[0], window_end=window[1],
                     failed=[{"expectation": o.expectation, "observed_value": o.observed_value}
                             for o in validation.failed],
-                    docs_path=docs, raised_at=now,
-                )
-                channels = send_alert(alert) if deliver else []
-                report.alerts_sent.extend(channels)
-                log.warning("%s", alert.message)
-                alert_rows.append((name, window[0], window[1], now, alert.message,
-                                   ",".join(channels) if deliver else PENDING,
-                                   json.dumps(alert.failed, sort_keys=True)))
+                    docs_url=docs_url(self.settings, validation.docs_path or report.docs_index), raised_at=now,
+                    attempt=row.attempt,
+                ))
             updated.append(row)
+        record_alerts(self.settings, alerts, self.engine)
         write_ledger(self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
-        if alert_rows:
-            alerts_path = tables.ALERTS.path(self.settings)
-            app_alerts = f"sluice.alerts.{name}"
-            self.engine.append(
-                self.spark.createDataFrame(alert_rows, tables.ALERTS.schema).coalesce(1), alerts_path,
-                app_id=app_alerts, version=next_version(self.engine, alerts_path, app_alerts),
-            )
+        if deliver:
+            delivered = deliver_pending(self.settings, name, self.engine)
+            for channels in delivered.channels.values():
+                report.alerts_sent.extend(channels)
         passed = len(results) - len(report.failed)
         log.info("%s: data quality on %d window(s): %d passed, %d failed; Data Docs: %s",
                  name, len(results), passed, len(report.failed), docs or "-")

@@ -220,6 +220,7 @@ class RsDeltaEngine:
     # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         if DeltaTable.is_deltatable(str(path)):
+            self._add_missing_columns(path, schema)
             return
         path.mkdir(parents=True, exist_ok=True)
         DeltaTable.create(
@@ -230,6 +231,18 @@ class RsDeltaEngine:
             name=path.name,
             configuration=dict(self.properties) or None,
         )
+
+    def _add_missing_columns(self, path: Path, schema: StructType) -> None:
+        """Tables created by an older sluice gain the columns added since (nullable, so old rows read as
+        null): a metadata-only commit, no data is rewritten."""
+        table = self._table(path)
+        present = {f.name for f in table.schema().fields}
+        missing = [f for f in arrow_schema(schema) if f.name not in present]
+        if missing:
+            from deltalake import Field
+
+            log.info("%s: adding column(s) %s", path, ", ".join(f.name for f in missing))
+            table.alter.add_columns([Field.from_arrow(f) for f in missing])
 
     def _table(self, path: Path) -> DeltaTable:
         return DeltaTable(str(path))

@@ -1,12 +1,18 @@
 """ops/window_ledger: one row per (pipeline, window), from the moment the window closes.
 
 States: ``closed`` (written to gold by the watermark) -> ``validated`` | ``failed`` (data quality) ->
-``reprocessed`` (a backfill rewrote it). The ledger is tiny (windows, not records), so it is read on the
+``amended`` (late records landed after it closed; ``late_waiting`` counts them) -> ``reprocessed`` (a
+backfill or an automatic correction rewrote it). The ledger is tiny (windows, not records), so it is read on the
 driver with delta-rs and rewritten through the engine in one atomic commit per change.
+
+``gold_versions`` holds the Delta versions of each gold table before and after the last backfill or
+correction of the window, as JSON (``{"gold/<output>": [before, after]}``): what ``sluice status --window``
+time-travels to.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -44,11 +50,24 @@ WINDOW_LEDGER = TableDef(
             StructField("closed_at", TimestampType(), True),
             StructField("updated_at", TimestampType(), True),
             StructField("detail", StringType(), True),
+            # Late records (DLQ) that landed after the window closed and are not in gold yet.
+            StructField("late_waiting", LongType(), True),
+            # Validation rounds completed (first check, then one per backfill or correction): the
+            # ``attempt`` of the window's alerts in ops/alerts.
+            StructField("attempt", LongType(), True),
+            # The last correction or backfill: {"gold/<output>": [version before, version after], ...}, for
+            # Delta time travel (``sluice status --window``).
+            StructField("gold_versions", StringType(), True),
         ]
     ),
 )
 
-STATES = ("open", "closed", "validated", "failed", "reprocessed")
+STATES = ("open", "closed", "validated", "failed", "amended", "reprocessed")
+#: States of windows whose first validation is done: late records landing for them now are amendments.
+#: (``closed`` windows await their first validation, whose lateness check counts the DLQ itself.)
+SETTLED_STATES = ("validated", "failed", "amended", "reprocessed")
+
+Window = tuple[datetime, datetime]
 
 
 @dataclass
@@ -63,10 +82,31 @@ class LedgerRow:
     closed_at: datetime | None
     updated_at: datetime | None
     detail: str | None = None
+    late_waiting: int = 0
+    attempt: int = 0
+    gold_versions: str | None = None
 
     @property
     def key(self) -> tuple[str, datetime, datetime]:
         return (self.pipeline, self.window_start, self.window_end)
+
+    @property
+    def window(self) -> Window:
+        return (self.window_start, self.window_end)
+
+
+def format_gold_versions(versions: Mapping[str, tuple[int, int]]) -> str | None:
+    """The ``gold_versions`` column: ``{"gold/<output>": [before, after], ...}``, keys sorted."""
+    if not versions:
+        return None
+    return json.dumps({table: [int(v[0]), int(v[1])] for table, v in sorted(versions.items())}, sort_keys=True)
+
+
+def parse_gold_versions(text: str | None) -> dict[str, tuple[int, int]]:
+    """The ``gold_versions`` column back as ``{table: (before, after)}`` (empty when null)."""
+    if not text:
+        return {}
+    return {table: (int(pair[0]), int(pair[1])) for table, pair in json.loads(text).items()}
 
 
 def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerRow]:
@@ -75,7 +115,12 @@ def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerR
         return []
     table = data.filter(pc.field("pipeline") == pipeline) if pipeline else data
     names = {f.name for f in fields(LedgerRow)}
-    rows = [LedgerRow(**{k: v for k, v in r.items() if k in names}) for r in pa.Table.to_pylist(table)]
+    # Columns added by later versions read as null in older rows: their defaults.
+    counters = ("late_waiting", "attempt")
+    rows = []
+    for r in pa.Table.to_pylist(table):
+        values: dict[str, Any] = {k: (0 if v is None and k in counters else v) for k, v in r.items() if k in names}
+        rows.append(LedgerRow(**values))
     return sorted(rows, key=lambda r: r.key)
 
 
@@ -118,6 +163,15 @@ def replace_windows(
         return (row["pipeline"], row["window_start"], row["window_end"]) in victims
 
     return engine.replace_rows(rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version)
+
+
+def record_scan(settings: Settings, engine: DeltaEngine, *, app_id: str, version: int) -> bool:
+    """Commit app transaction ``(app_id, version)`` to the ledger without changing a row: remembers that a
+    scan (of the DLQ, for amendments) looked at everything up to ``version``, so the next one can be skipped
+    until that grows. A no-op (False) when that version is committed already."""
+    path = WINDOW_LEDGER.path(settings)
+    engine.ensure_table(path, WINDOW_LEDGER.schema)
+    return replace_windows(engine, path, [], WINDOW_LEDGER.schema, [], app_id=app_id, version=version)
 
 
 def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:

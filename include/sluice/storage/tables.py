@@ -179,8 +179,16 @@ ALERTS = TableDef(
             ("window_end", TimestampType()),
             ("raised_at", TimestampType()),
             ("message", StringType()),
+            # "pending" until delivered; then the channels that took it ("none": no channel configured).
             ("channels", StringType()),
             ("failed_expectations", StringType()),
+            # The outbox key: (pipeline, window, kind, attempt), also as one stable string, alert_id.
+            ("kind", StringType()),
+            ("attempt", LongType()),
+            ("alert_id", StringType()),
+            ("level", StringType()),
+            ("docs_url", StringType()),
+            ("delivered_at", TimestampType()),
         )
     ),
 )

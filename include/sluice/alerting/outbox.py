@@ -1,0 +1,215 @@
+"""ops/alerts as an outbox: an alert is recorded first, delivered after, and marked delivered last.
+
+Each row is keyed by (pipeline, window, kind, attempt), also stored as one string, ``alert_id``:
+
+* :func:`raise_alert` records an alert as ``pending`` unless its key is already there, so a retried task
+  or a rerun after a crash records it once. The data-quality step writes the outbox row *before* the
+  ledger state that says the window failed: a crash between the two leaves the window to validate again,
+  which finds its alert already recorded, never a failed window without its alert.
+* :func:`deliver_pending` sends every pending row of a pipeline through the notifiers and then marks it
+  (channels, ``delivered_at``). Marking is keyed by ``alert_id``, so delivering twice sends nothing twice.
+  A crash between sending and marking re-sends once on the next delivery: the payload carries
+  ``alert_id`` so that receivers can drop the repeat.
+* An alert whose every configured channel failed stays pending and is tried again by the next delivery;
+  with no channel configured it is marked ``none`` (there is nowhere it could go).
+
+Writes go through the engine's ``replace_rows`` (the table is small: alerts, not records), one atomic
+commit each under the app id ``sluice.alerts.<pipeline>``, sorted so that the file content does not depend
+on the order of earlier writes. No Spark is needed: this also runs in Airflow workers and callbacks.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from sluice.config import Settings
+from sluice.storage import tables
+from sluice.storage.engine import COMMIT_ATTEMPTS, CommitConflictError, commit_backoff, read_small_table
+
+if TYPE_CHECKING:
+    from sluice.alerting.notifiers import Alert
+    from sluice.storage.engine import DeltaEngine
+
+log = logging.getLogger("sluice.alerts")
+
+PENDING = "pending"
+NO_CHANNEL = "none"
+ORDER = ("pipeline", "window_start", "window_end", "kind", "attempt", "alert_id")
+
+
+def _engine(engine: DeltaEngine | None) -> DeltaEngine:
+    if engine is not None:
+        return engine
+    from sluice.storage.engine import RsDeltaEngine
+
+    # Small driver-side rewrites need no SparkSession (the rs engine's replace_rows is pure delta-rs).
+    return RsDeltaEngine(None)  # type: ignore[arg-type]
+
+
+def read_outbox(settings: Settings, pipeline: str | None = None) -> list[dict[str, Any]]:
+    """Every row of ops/alerts (of ``pipeline``), oldest first."""
+    data = read_small_table(tables.ALERTS.path(settings))
+    rows = [r for r in (data.to_pylist() if data is not None else [])
+            if pipeline is None or r["pipeline"] == pipeline]
+    return sorted(rows, key=lambda r: (_utc(r["raised_at"]), row_id(r), r["message"] or ""))
+
+
+def _utc(value: datetime | None) -> datetime:
+    if value is None:
+        return datetime.min.replace(tzinfo=UTC)
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value
+
+
+def row_id(row: Mapping[str, Any]) -> str:
+    """A row's alert_id; rows written before the outbox had none and are keyed by their message."""
+    return row.get("alert_id") or f"{row['pipeline']}/message/{row['message']}"
+
+
+def _row(alert: Alert) -> tuple[Any, ...]:
+    values = {
+        "pipeline": alert.pipeline, "window_start": alert.window_start, "window_end": alert.window_end,
+        "raised_at": alert.raised_at, "message": alert.message, "channels": PENDING,
+        "failed_expectations": json.dumps(alert.failed, sort_keys=True), "kind": alert.kind,
+        "attempt": alert.attempt, "alert_id": alert.alert_id, "level": alert.level, "docs_url": alert.docs_url,
+        "delivered_at": None,
+    }
+    return tuple(values[name] for name in tables.ALERTS.schema.names)
+
+
+def _commit(
+    settings: Settings, engine: DeltaEngine, pipeline: str, rows: Sequence[tuple[Any, ...]], replaced: set[str]
+) -> None:
+    """One atomic commit: the rows whose alert_id is in ``replaced`` give way to ``rows``."""
+    from sluice.storage.ledger import next_version
+
+    path = tables.ALERTS.path(settings)
+    engine.ensure_table(path, tables.ALERTS.schema)  # also adds the outbox columns to an older table
+    app = f"sluice.alerts.{pipeline}"
+    for failed in range(1, COMMIT_ATTEMPTS + 1):
+        # Each write takes the next version of the app id; False means another process took that version
+        # first (our rows are not in), so take the one after it.
+        if engine.replace_rows(rows, tables.ALERTS.schema, path, drop=lambda r: row_id(r) in replaced,
+                               order_by=ORDER, app_id=app, version=next_version(engine, path, app)):
+            return
+        commit_backoff(failed)
+    raise CommitConflictError(f"{path}: {app}: other writers took the next version {COMMIT_ATTEMPTS} times")
+
+
+def record_alerts(settings: Settings, alerts: Iterable[Alert], engine: DeltaEngine | None = None) -> list[Alert]:
+    """Record ``alerts`` as pending, in one commit, skipping those whose key is already in the outbox
+    (delivered or not). Returns the alerts newly recorded."""
+    engine = _engine(engine)
+    path = tables.ALERTS.path(settings)
+    engine.ensure_table(path, tables.ALERTS.schema)
+    known = {row_id(r) for r in read_outbox(settings)}
+    new: dict[str, Alert] = {}
+    for alert in alerts:
+        if alert.alert_id not in known:
+            new.setdefault(alert.alert_id, alert)
+    by_pipeline: dict[str, list[Alert]] = {}
+    for alert in new.values():
+        log.log(logging.INFO if alert.level == "info" else logging.WARNING, "%s", alert.message)
+        by_pipeline.setdefault(alert.pipeline, []).append(alert)
+    for pipeline, items in sorted(by_pipeline.items()):
+        _commit(settings, engine, pipeline, [_row(a) for a in items], {a.alert_id for a in items})
+    return list(new.values())
+
+
+def raise_alert(
+    settings: Settings, alert: Alert, *, deliver: bool, engine: DeltaEngine | None = None
+) -> list[str]:
+    """Record ``alert`` in the outbox and, with ``deliver``, send the pipeline's pending alerts now (else the
+    DAG's ``send_alerts`` task, or ``sluice alerts --deliver``, does). Idempotent per alert key. Returns the
+    channels that delivered ``alert`` in this call."""
+    record_alerts(settings, [alert], engine)
+    if not deliver:
+        return []
+    report = deliver_pending(settings, alert.pipeline, engine)
+    return report.channels.get(alert.alert_id, [])
+
+
+@dataclass
+class Delivery:
+    """What one :func:`deliver_pending` call did."""
+
+    delivered: list[Alert] = field(default_factory=list)
+    undelivered: list[Alert] = field(default_factory=list)  # every configured channel failed: still pending
+    channels: dict[str, list[str]] = field(default_factory=dict)  # alert_id -> channels that took it
+
+
+def alert_from_row(row: Mapping[str, Any]) -> Alert:
+    """The :class:`Alert` an outbox row records (rows of older versions lack kind and attempt)."""
+    from sluice.alerting.notifiers import DQ_FAILURE, UNREADABLE_FILE, Alert
+
+    kind = row.get("kind") or (DQ_FAILURE if row["window_start"] is not None else UNREADABLE_FILE)
+    return Alert(
+        pipeline=row["pipeline"], window_start=row["window_start"], window_end=row["window_end"],
+        failed=json.loads(row["failed_expectations"] or "[]"), docs_url=row.get("docs_url"),
+        raised_at=row["raised_at"], kind=kind, attempt=int(row.get("attempt") or 1),
+    )
+
+
+def deliver_pending(settings: Settings, pipeline: str, engine: DeltaEngine | None = None) -> Delivery:
+    """Send the pipeline's pending alerts, oldest first, then mark them delivered in one commit."""
+    report = Delivery()
+    rows = [r for r in read_outbox(settings, pipeline) if r["channels"] == PENDING]
+    if not rows:
+        return report
+    from sluice.alerting.notifiers import configured_channels, send_alert  # imports Airflow: only when needed
+
+    channels = configured_channels()
+    now = datetime.now(UTC)  # when it really went out: a fact about delivery, not about the data
+    marked: dict[str, tuple[Any, ...]] = {}
+    for row in rows:
+        key = row_id(row)
+        if key in marked:
+            continue
+        alert = alert_from_row(row)
+        sent = send_alert(alert) if channels else []
+        report.channels[key] = sent
+        if channels and not sent:
+            report.undelivered.append(alert)
+            continue
+        report.delivered.append(alert)
+        # Rows of older versions lack the outbox columns: the alert they record fills them in.
+        values = dict(zip(tables.ALERTS.schema.names, _row(alert), strict=True))
+        values.update({k: v for k, v in row.items() if v is not None and k in values})
+        values.update(alert_id=key, channels=",".join(sent) or NO_CHANNEL, delivered_at=now)
+        marked[key] = tuple(values.values())
+    if marked:
+        _commit(settings, _engine(engine), pipeline, list(marked.values()), set(marked))
+    if report.undelivered:
+        log.error("%d alert(s) of %s could not be delivered through any channel (%s); they stay pending and are "
+                  "retried by the next delivery", len(report.undelivered), pipeline, ", ".join(channels))
+    return report
+
+
+def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
+    """One alert naming the landing files of the pipeline's streams that were quarantined whole
+    (``unreadable_file``) and that no alert of this pipeline has named yet; None when there are none.
+
+    Derived from the ingest log, not from what the current cycle saw, so that a crash between a file's
+    quarantine and its alert cannot lose the alert: the next cycle raises it. Its key includes a digest of
+    the files, so a rerun raises the same alert, not a second one."""
+    from sluice.alerting.notifiers import UNREADABLE_FILE, Alert
+    from sluice.ingest.landing import load_state, local_path
+
+    named: set[tuple[str, str]] = set()
+    for row in read_outbox(settings, pipeline):
+        if (row.get("kind") or (UNREADABLE_FILE if row["window_start"] is None else None)) != UNREADABLE_FILE:
+            continue
+        for item in json.loads(row["failed_expectations"] or "[]"):
+            named.add((str(item.get("expectation")), str(item.get("observed_value"))))
+    files = []
+    for stream in settings.pipeline(pipeline).streams:
+        for batch in load_state(settings, stream).rows:
+            if batch.unreadable:
+                path = local_path(batch.source_file or "")
+                if (f"{UNREADABLE_FILE}:{stream}", path) not in named:
+                    files.append((stream, path))
+    return Alert.unreadable_files(pipeline, files, settings.now()) if files else None

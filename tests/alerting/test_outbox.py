@@ -1,0 +1,107 @@
+"""The ops/alerts outbox against a real HTTP server on 127.0.0.1 and a real Delta table: recorded once per
+key, delivered once, kept pending while every channel fails. No Spark is involved (delta-rs only)."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from pathlib import Path
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.alerting.notifiers import CORRECTION, DQ_FAILURE, Alert
+from sluice.alerting.outbox import deliver_pending, raise_alert, read_outbox, record_alerts
+from sluice.config import Settings, load_settings
+from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
+
+pytestmark = pytest.mark.timeout(120)
+
+T0 = datetime(2024, 5, 1, 10, tzinfo=UTC)
+T1 = datetime(2024, 5, 1, 11, tzinfo=UTC)
+RAISED = datetime(2024, 5, 1, 12, 5, tzinfo=UTC)
+
+
+@pytest.fixture
+def settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Settings:
+    for name in ("AIRFLOW_CONN_SLUICE_WEBHOOK", "AIRFLOW_CONN_SLUICE_SMTP"):
+        monkeypatch.delenv(name, raising=False)
+    return load_settings({}, home=tmp_path)
+
+
+def failure(attempt: int = 1, *, kind: str = DQ_FAILURE) -> Alert:
+    return Alert("orders_hourly", T0, T1, [{"expectation": "completeness:orders", "observed_value": "9 != 10"}],
+                 "https://airflow.example.com/sluice/docs/index.html", RAISED, kind=kind, attempt=attempt)
+
+
+def use_webhook(monkeypatch: pytest.MonkeyPatch, webhook: WebhookServer) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+
+
+def test_an_alert_is_recorded_once_per_key_and_delivered_once(
+    settings: Settings, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_webhook(monkeypatch, webhook)
+    assert record_alerts(settings, [failure()]) == [failure()]
+    assert record_alerts(settings, [failure()]) == []  # a retried task: the same key, nothing new
+    [row] = read_outbox(settings)
+    assert row["channels"] == "pending" and row["kind"] == DQ_FAILURE and row["attempt"] == 1
+    assert row["alert_id"] == "orders_hourly/2024-05-01T10:00:00Z/2024-05-01T11:00:00Z/dq_failure/1"
+
+    delivered = deliver_pending(settings, "orders_hourly")
+    assert [a.alert_id for a in delivered.delivered] == [row["alert_id"]]
+    [post] = webhook.posts()
+    assert post["alert_id"] == row["alert_id"] and post["level"] == "error"
+    assert post["docs_url"] == "https://airflow.example.com/sluice/docs/index.html"
+    [row] = read_outbox(settings)
+    assert row["channels"] == "webhook" and row["delivered_at"] is not None
+
+    # Delivering again, or recording the delivered alert again, sends nothing.
+    assert deliver_pending(settings, "orders_hourly").delivered == []
+    assert raise_alert(settings, failure(), deliver=True) == []
+    assert len(webhook.requests) == 1
+    # A later validation round of the same window is a new alert.
+    assert raise_alert(settings, failure(attempt=2), deliver=True) == ["webhook"]
+    assert len(webhook.requests) == 2 and len(read_outbox(settings)) == 2
+
+
+def test_an_alert_every_channel_failed_stays_pending_until_delivered(
+    settings: Settings, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    use_webhook(monkeypatch, webhook)
+    webhook.status = 500
+    assert raise_alert(settings, failure(), deliver=True) == []
+    report = deliver_pending(settings, "orders_hourly")
+    assert report.delivered == [] and [a.alert_id for a in report.undelivered] == [failure().alert_id]
+    assert [r["channels"] for r in read_outbox(settings)] == ["pending"]
+    webhook.status = 200
+    assert [a.alert_id for a in deliver_pending(settings, "orders_hourly").delivered] == [failure().alert_id]
+    assert [r["channels"] for r in read_outbox(settings)] == ["webhook"]
+    assert len(webhook.requests) == 3  # two failed attempts, one delivery
+
+
+def test_with_no_channel_an_alert_is_marked_none_and_notices_are_info(settings: Settings) -> None:
+    notice = failure(kind=CORRECTION)
+    raise_alert(settings, notice, deliver=True)
+    [row] = read_outbox(settings)
+    assert row["channels"] == "none" and row["level"] == "info" and row["kind"] == CORRECTION
+    assert notice.message.startswith("sluice: orders_hourly window 2024-05-01 10:00-11:00 UTC corrected")
+
+
+def test_an_older_alerts_table_gains_the_outbox_columns(settings: Settings, webhook: WebhookServer,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    import pyarrow as pa
+    from deltalake import write_deltalake
+
+    path = settings.lake / "ops" / "alerts"
+    old = pa.schema([("pipeline", pa.string()), ("window_start", pa.timestamp("us", tz="UTC")),
+                     ("window_end", pa.timestamp("us", tz="UTC")), ("raised_at", pa.timestamp("us", tz="UTC")),
+                     ("message", pa.string()), ("channels", pa.string()), ("failed_expectations", pa.string())])
+    row = {"pipeline": "orders_hourly", "window_start": T0, "window_end": T1, "raised_at": RAISED,
+           "message": failure().message, "channels": "pending", "failed_expectations": "[]"}
+    write_deltalake(str(path), pa.Table.from_pylist([row, row], schema=old))
+    use_webhook(monkeypatch, webhook)
+    assert len(deliver_pending(settings, "orders_hourly").delivered) == 1  # the duplicate rows are one alert
+    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    assert len(rows) == 1 and rows[0]["channels"] == "webhook" and rows[0]["kind"] == DQ_FAILURE
+    assert len(webhook.requests) == 1
