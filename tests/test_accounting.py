@@ -275,3 +275,81 @@ def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
     for stream in ("impressions", "clicks"):
         totals = load_state(settings, stream).totals()
         assert totals["lines"] == sum(totals[k] for k in ("accepted", "quarantined", "late", "duplicates"))
+
+
+# -- the data-quality and alert steps -------------------------------------------------------------------------
+
+# The README tutorial's pipeline (windows of 15 min every 5 min) on readings of which one has no temperature:
+# its completeness check fails exactly the three windows holding 10:02, which must alert once each.
+READINGS = [
+    ("r1.jsonl", 6, [("r1", "d1", 0, 20.0), ("r2", "d2", 2, None), ("r3", "d1", 4, 22.0), ("r4", "d2", 5, 30.0)]),
+    ("r2.jsonl", 16, [("r5", "d1", 10, 24.0), ("r6", "d2", 12, 31.0), ("r7", "d1", 14, 26.0)]),
+]
+READINGS_NOW = "2024-05-01T11:00:00Z"
+FAILING_ENDS = {"2024-05-01T10:05:00Z", "2024-05-01T10:10:00Z", "2024-05-01T10:15:00Z"}
+
+
+def _land_readings(home: Path) -> None:
+    import json
+    from datetime import UTC, datetime
+
+    folder = home / "landing" / "readings"
+    folder.mkdir(parents=True)
+    for name, arrival, readings in READINGS:
+        path = folder / name
+        path.write_text("".join(json.dumps({
+            "reading_id": rid, "device_id": device, "temp_c": temp,
+            "event_time": f"2024-05-01T10:{minute:02d}:00Z"}) + "\n" for rid, device, minute, temp in readings))
+        stamp = datetime(2024, 5, 1, 10, arrival, tzinfo=UTC).timestamp()
+        os.utime(path, (stamp, stamp))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "kill_after",
+    [
+        "ops/dq_results:1",  # results written; no alert, ledger still `closed`
+        "ops/alerts:1",  # alerts recorded (pending), ledger still `closed`: the rerun validates again
+        "ops/window_ledger@sluice.ledger.dq:1",  # ledger `failed`, alerts pending, not delivered
+        "ops/alerts:2",  # delivered and marked: the rerun has nothing left to do
+    ],
+)
+def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_window_once(
+    tmp_path: Path, kill_after: str
+) -> None:
+    import json
+
+    from support.servers import serve_webhook
+    from support.tutorial import write_tutorial
+
+    home = tmp_path / "home"
+    _land_readings(home)
+    with serve_webhook() as webhook:
+        env = {
+            **os.environ, "SLUICE_HOME": str(home), "SLUICE_NOW": READINGS_NOW, "PYSPARK_PYTHON": sys.executable,
+            "SLUICE_PIPELINES": str(write_tutorial(tmp_path / "pipelines")),
+            "AIRFLOW_CONN_SLUICE_WEBHOOK": json.dumps({"conn_type": "http", "host": webhook.url}),
+        }
+
+        def run(**extra: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([sys.executable, "-m", "sluice.cli", "run", "device_temps"],
+                                  env={**env, **extra}, capture_output=True, text=True, timeout=900)
+
+        crashed = run(SLUICE_KILL_AFTER_COMMIT=kill_after)
+        assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-2000:]}"
+        rerun = run()
+        # Exit 2 when the rerun validated the failing windows itself; once the ledger holds their state, the
+        # rerun only delivers what is still pending, and its own checks found nothing failing.
+        revalidated = kill_after.startswith(("ops/dq_results", "ops/alerts:1"))
+        assert rerun.returncode == (2 if revalidated else 0), rerun.stderr[-3000:]
+
+        posts = webhook.posts()
+    assert sorted(p["window_end"] for p in posts) == sorted(FAILING_ENDS), posts
+    assert len({p["alert_id"] for p in posts}) == len(posts)
+    outbox = DeltaTable(str(home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
+    assert sorted(r["alert_id"] for r in outbox) == sorted(p["alert_id"] for p in posts)
+    assert {r["channels"] for r in outbox} == {"webhook"}
+    ledger = DeltaTable(str(home / "lake/ops/window_ledger")).to_pyarrow_table().to_pylist()
+    failed = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}" for r in ledger if r["state"] == "failed"}
+    assert failed == FAILING_ENDS
+    assert {r["attempt"] for r in ledger} == {1}

@@ -355,7 +355,7 @@ class RsDeltaEngine:
                             path.name, app_id, version, failed, COMMIT_ATTEMPTS, error)
                 commit_backoff(failed)
                 continue
-            _maybe_kill(path)
+            _maybe_kill(path, app_id)
             return True
 
     def _already(self, table: DeltaTable, app_id: str, version: int, path: Path) -> bool:
@@ -542,18 +542,20 @@ class RsDeltaEngine:
 _commits_seen: dict[str, int] = {}
 
 
-def _maybe_kill(path: Path) -> None:
-    """Crash-test hook: ``SLUICE_KILL_AFTER_COMMIT=<table suffix>:<n>`` SIGKILLs this process right after
-    its n-th commit to a table whose path ends with the suffix - the worst moment for a crash, between the
-    commits of one micro-batch. Unset (the default) it does nothing."""
+def _maybe_kill(path: Path, app_id: str = "") -> None:
+    """Crash-test hook: ``SLUICE_KILL_AFTER_COMMIT=<table suffix>[@<app id prefix>]:<n>`` SIGKILLs this
+    process right after its n-th commit to a table whose path ends with the suffix (by an app id starting
+    with the prefix, when given) - the worst moment for a crash, between the commits of one step. Unset (the
+    default) it does nothing."""
     spec = os.environ.get("SLUICE_KILL_AFTER_COMMIT")
     if not spec:
         return
-    suffix, _, count = spec.rpartition(":")
-    if not str(path).rstrip("/").endswith(suffix):
+    target, _, count = spec.rpartition(":")
+    suffix, _, app_prefix = target.partition("@")
+    if not str(path).rstrip("/").endswith(suffix) or not app_id.startswith(app_prefix):
         return
-    _commits_seen[suffix] = _commits_seen.get(suffix, 0) + 1
-    if _commits_seen[suffix] >= int(count):
+    _commits_seen[target] = _commits_seen.get(target, 0) + 1
+    if _commits_seen[target] >= int(count):
         import signal
 
         log.warning("SLUICE_KILL_AFTER_COMMIT=%s reached: SIGKILL", spec)
