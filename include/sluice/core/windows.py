@@ -5,14 +5,41 @@ A pipeline's build function gets a :class:`WindowSpec` and groups by ``window.co
 
 from __future__ import annotations
 
+import calendar
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sluice.core.errors import ConfigError
 from sluice.core.timeutil import parse_duration
+
+# Window starts are aligned to the Unix epoch (Spark's window() with no start offset): k * slide.
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def first_window_start_at_or_after(ts: datetime, slide: timedelta) -> datetime:
+    """The earliest window start ``>= ts`` on the epoch-aligned grid of ``slide``. ``ts`` must be aware."""
+    if ts.tzinfo is None or ts.utcoffset() is None:
+        raise ValueError(f"a timezone-aware time is required, got {ts!r}")
+    if slide <= timedelta(0):
+        raise ValueError(f"window slide must be > 0, got {slide}")
+    # In whole microseconds (exact; and pendulum's DateTime, which Airflow hands tasks, mixes badly with
+    # stdlib timedelta arithmetic). Ceiling division: -(-a // b).
+    since_epoch_us = calendar.timegm(ts.utctimetuple()) * 1_000_000 + ts.microsecond
+    slide_us = slide // timedelta(microseconds=1)
+    return EPOCH + timedelta(microseconds=-(-since_epoch_us // slide_us) * slide_us)
+
+
+def windows_starting_in(start: datetime, end: datetime, slide: timedelta) -> tuple[datetime, datetime] | None:
+    """The windows whose start lies in ``[start, end)`` (e.g. an Airflow run's data interval), as the aligned
+    backfill range ``[first window start >= start, first window start >= end)``; None when no window starts
+    in it (say a 15-minute interval of an hourly pipeline that holds no full hour). Both bounds of a result
+    are on the pipeline's window grid, as ``sluice backfill`` requires."""
+    lo = first_window_start_at_or_after(start, slide)
+    hi = first_window_start_at_or_after(end, slide)
+    return (lo, hi) if lo < hi else None
 
 
 def spark_interval(value: timedelta) -> str:
