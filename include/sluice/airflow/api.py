@@ -22,9 +22,9 @@ from sluice.storage import tables
 from sluice.storage.engine import read_small_table
 from sluice.storage.ledger import STATES, LedgerRow, read_ledger
 
-#: Grid rows, in lifecycle order. ``amended`` is not written by sluice today; it is listed so that the page
-#: and its legend stay stable if it is, and any other state found in the ledger is appended after these.
-GRID_STATES = STATES  # amended: late records landed after the window closed
+#: Grid rows, in lifecycle order (``amended``: late records landed after the window closed); any other state
+#: found in the ledger is appended after these.
+GRID_STATES = STATES
 HOUR = timedelta(hours=1)
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
