@@ -9,6 +9,14 @@ Params: `pipeline`, `start`, `end` (RFC 3339, aligned to the pipeline's windows)
 bring in the DLQ records). Bad params are refused by **validate_params** before any Spark work, with a
 message that says what to fix. A backfill and a scheduled run of the same pipeline never write at the same
 time (a per-pipeline lock taken by the shared code).
+
+When **backfill** succeeds it emits one Asset event per gold table of the chosen pipeline
+(`sluice://gold/<output>`, through the AssetAlias `sluice_backfill_gold`; each event's extra holds
+`pipeline`, `start`, `end`, `include_late`), so asset-scheduled DAGs downstream see the rewrite.
+
+To reprocess the windows of past DAG runs of a pipeline instead, backfill the pipeline's own DAG
+(`airflow backfill create --dag-id <pipeline> --from-date ... --to-date ...`, or *Run backfill* in the UI):
+each run of type backfill reprocesses the windows whose start lies in its data interval.
 """
 
 from __future__ import annotations
@@ -16,7 +24,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from sluice.airflow.factory import DEFAULT_ARGS, SluiceSparkSubmitOperator, job, send_alerts_task
+from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceBackfillOperator, job, send_alerts_task
 from sluice.config import load_settings
 
 # The registered pipelines (definitions only, no Spark, no data) make the `pipeline` param's choices.
@@ -55,8 +63,12 @@ def sluice_backfill() -> None:
         return request.pipeline.name
 
     validate_params = validate()
-    backfill = SluiceSparkSubmitOperator(
+    backfill = SluiceBackfillOperator(
         task_id="backfill",
+        pipeline="{{ params.pipeline }}",
+        gold_alias=GOLD_ALIAS,  # resolved at run time to the chosen pipeline's gold Assets
+        event_extra={"start": "{{ params.start }}", "end": "{{ params.end }}",
+                     "include_late": "{{ params.include_late | string | lower }}"},
         application=job(),
         application_args=[
             "backfill",

@@ -94,16 +94,20 @@ def sluice_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, clean_env: None
 
 @pytest.fixture(scope="session")
 def run_dag(airflow_db: Path, dagbag: Any) -> Callable[..., Any]:
-    """``run_dag(dag_id, logical_date, run_conf=None)`` -> the finished DagRun of ``dag.test()``. Every call
-    needs its own logical date (Airflow keys runs by it); the tests pass distinct ones."""
+    """``run_dag(dag_id, logical_date, run_conf=None, mark_success_pattern=None)`` -> the finished DagRun of
+    ``dag.test()``. Every call needs its own logical date (Airflow keys runs by it); the tests pass distinct
+    ones. ``mark_success_pattern``: task ids marked successful instead of run (``dag.test``'s own option)."""
 
-    def run(dag_id: str, logical_date: datetime, run_conf: dict[str, Any] | None = None) -> Any:
+    def run(
+        dag_id: str, logical_date: datetime, run_conf: dict[str, Any] | None = None,
+        mark_success_pattern: str | None = None,
+    ) -> Any:
         assert dag_id in dagbag.dags, f"{dag_id} not in the DagBag: {dagbag.import_errors}"
         # The DAG as shipped, except that a retry comes after 1 s instead of the DAG's retry_delay (dag.test
         # sleeps it out): a failing task is still retried as often as the DAG says, the test just fails sooner.
         dag = copy.deepcopy(dagbag.dags[dag_id])
         for task in dag.tasks:
             task.retry_delay = RETRY_DELAY
-        return dag.test(logical_date=logical_date, run_conf=run_conf)
+        return dag.test(logical_date=logical_date, run_conf=run_conf, mark_success_pattern=mark_success_pattern)
 
     return run

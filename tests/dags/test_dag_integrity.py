@@ -39,12 +39,41 @@ def test_no_import_errors_and_one_dag_per_registered_pipeline(dagbag: Any) -> No
 
 @pytest.mark.parametrize("pipeline", sorted(PIPELINES))
 def test_pipeline_dag_matches_its_definition(dagbag: Any, pipeline: str) -> None:
+    from airflow.sdk import CronDataIntervalTimetable, TriggerRule
+
     definition = REGISTRY.pipelines[pipeline]
     dag = dagbag.dags[pipeline]
-    assert dag.schedule == definition.schedule
-    assert [t.task_id for t in dag.topological_sort()] == ["run_cycle", "check_quality", "send_alerts"]
-    outlets = {a.uri for a in dag.get_task("run_cycle").outlets}
-    assert outlets == {f"sluice://gold/{o.name}" for o in definition.outputs}
+    # The schedule as a data-interval timetable: every run covers [previous tick, its tick), so a backfill's
+    # runs hold windows (a cron string alone gives Airflow 3's trigger timetable, whose intervals are empty).
+    assert isinstance(dag.timetable, CronDataIntervalTimetable)
+    assert dag.timetable.expression == definition.schedule
+    assert str(dag.timetable.timezone) in ("UTC", "Timezone('UTC')")
+    # Two paths, chosen per run: the cycle, or the backfill path for runs of type backfill.
+    downstream = {t.task_id: set(t.downstream_task_ids) for t in dag.tasks}
+    assert downstream == {
+        "choose_path": {"run_cycle", "reprocess_interval"},
+        "run_cycle": {"check_quality"},
+        "check_quality": {"send_alerts"},
+        "reprocess_interval": {"send_alerts"},
+        "send_alerts": set(),
+    }
+    assert dag.get_task("send_alerts").trigger_rule == TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS
+    gold = {f"sluice://gold/{o.name}" for o in definition.outputs}
+    assert {a.uri for a in dag.get_task("run_cycle").outlets} == gold
+    assert {a.uri for a in dag.get_task("reprocess_interval").outlets} == gold
+    assert dag.get_task("run_cycle").clock_from_data_interval
+    assert dag.get_task("check_quality").clock_from_data_interval
+    assert not dag.get_task("reprocess_interval").clock_from_data_interval  # a backfill runs now
+    assert dag.params.get_param("include_late").value is False
+    args = dag.get_task("reprocess_interval").application_args
+    assert args[:2] == ["backfill", pipeline] and "--no-deliver" in args and "--no-fail-on-checks" in args
+
+
+def test_backfill_dag_emits_gold_asset_events_through_an_alias(dagbag: Any) -> None:
+    from airflow.sdk import AssetAlias
+
+    assert dagbag.dags["sluice_backfill"].get_task("backfill").outlets == [AssetAlias("sluice_backfill_gold",
+                                                                                        group="sluice")]
 
 
 @pytest.mark.parametrize("dag_id", sorted(EXPECTED))
@@ -61,7 +90,11 @@ def test_dag_settings(dagbag: Any, dag_id: str) -> None:
     assert dag.max_active_runs == 1
     assert dag.doc_md and dag_id in dag.doc_md, f"{dag_id}: doc_md must describe the DAG"
     if dag_id in SCHEDULED:
-        assert isinstance(dag.schedule, str) and dag.schedule, f"{dag_id} needs an explicit schedule"
+        from airflow.sdk import CronDataIntervalTimetable
+
+        # A cron string, or (pipeline DAGs) a cron data-interval timetable.
+        assert isinstance(dag.schedule, str | CronDataIntervalTimetable) and dag.schedule, \
+            f"{dag_id} needs an explicit schedule"
     else:
         assert dag.schedule is None, "the backfill DAG is manual only"
 
@@ -84,7 +117,7 @@ def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
     from sluice.airflow.factory import SluiceSparkSubmitOperator
 
     spark_tasks = [t for dag in dagbag.dags.values() for t in dag.tasks if isinstance(t, SluiceSparkSubmitOperator)]
-    assert len(spark_tasks) == 2 * len(PIPELINES) + 1
+    assert len(spark_tasks) == 3 * len(PIPELINES) + 1  # run_cycle, check_quality, reprocess_interval; backfill
     for task in spark_tasks:
         assert Path(task.application).is_file(), f"{task.dag_id}.{task.task_id}: {task.application} is missing"
 

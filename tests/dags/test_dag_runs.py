@@ -132,7 +132,10 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     """The scheduled DAG fills both gold tables, the ledger (validated windows), DQ results and Data Docs."""
     home, run = ad_clicks_scheduled.home, ad_clicks_scheduled.dag_run
     windows = hours(2)
-    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "success"}
+    assert task_states(run) == {
+        "choose_path": "success", "run_cycle": "success", "check_quality": "success",
+        "reprocess_interval": "skipped", "send_alerts": "success",
+    }
     assert run_state(run) == "success"
 
     gold = rows(home, "gold/ad_clicks_hourly")
@@ -185,7 +188,10 @@ def test_user_activity_hourly_then_maintenance(sluice_home: Any, run_dag: Callab
     windows = hours(2)
 
     run = run_dag("user_activity_hourly", logical_date())
-    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "success"}
+    assert task_states(run) == {
+        "choose_path": "success", "run_cycle": "success", "check_quality": "success",
+        "reprocess_interval": "skipped", "send_alerts": "success",
+    }
     assert run_state(run) == "success"
     gold = rows(home, "gold/user_activity_hourly")
     assert {window(r) for r in gold} == set(windows)
@@ -222,7 +228,10 @@ def test_failing_windows_alert_through_webhook_and_smtp(
     }))
 
     run = run_dag("user_activity_hourly", logical_date())
-    assert task_states(run) == {"run_cycle": "success", "check_quality": "success", "send_alerts": "failed"}
+    assert task_states(run) == {
+        "choose_path": "success", "run_cycle": "success", "check_quality": "success",
+        "reprocess_interval": "skipped", "send_alerts": "failed",
+    }
     assert run_state(run) == "failed"
 
     closed = ledger(home, "user_activity_hourly")

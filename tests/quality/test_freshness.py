@@ -41,7 +41,7 @@ import pytest  # noqa: E402
 from pyspark.sql import SparkSession  # noqa: E402
 
 from sluice.config import Settings, load_settings  # noqa: E402
-from support.lake import cycle, land, table  # noqa: E402
+from support.lake import land, table  # noqa: E402
 from support.servers import WebhookServer, webhook_fixture  # noqa: E402,F401 (pytest fixture ``webhook``)
 from support.tutorial import write_tutorial  # noqa: E402
 

@@ -1,12 +1,17 @@
 """Airflow glue shared by the DAG files, which only wire tasks. Nothing here starts Spark or reads data
 at DAG parse time; the DAG factory reads only the pipeline definitions (the registry).
 
-* :func:`pipeline_dags`: one DAG per registered pipeline (dag_id = pipeline name, its schedule, one Asset
-  per gold table, retries, ``max_active_runs=1``), and one placeholder that turns broken pipeline files into
-  an import error naming each file, without hiding the other pipelines' DAGs.
+* :func:`pipeline_dags`: one DAG per registered pipeline (dag_id = pipeline name, its schedule as a cron
+  *data interval* timetable, one Asset per gold table, retries, ``max_active_runs=1``), and one placeholder
+  that turns broken pipeline files into an import error naming each file, without hiding the other
+  pipelines' DAGs. A run of type ``backfill`` (``airflow backfill create``, the UI's "Run backfill")
+  reprocesses the windows of its data interval through the backfill path; every other run is a cycle whose
+  clock is its ``data_interval_end``.
 * :class:`SluiceSparkSubmitOperator`: ``SparkSubmitOperator`` through the ``spark_default`` connection when
   it is defined; otherwise local mode (``local[*]``), never the provider's YARN default. It runs pyspark's
   own ``spark-submit`` from this interpreter's environment and hands the Python workers this interpreter.
+* :class:`SluiceBackfillOperator`: ``sluice backfill`` through spark-submit, then one Asset event per gold
+  table of the pipeline it rewrote.
 """
 
 from __future__ import annotations
@@ -18,14 +23,14 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import pendulum
 from airflow.exceptions import AirflowTimetableInvalid
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
-from airflow.sdk import DAG, Asset, BaseHook
+from airflow.sdk import DAG, Asset, AssetAlias, BaseHook, CronDataIntervalTimetable, Param, TriggerRule
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
@@ -46,10 +51,39 @@ DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2, "retry_delay": 
 JOB = "sluice_job"  # the one generic spark-submit entry point under jobs/
 START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 
+# What sluice_backfill's events go through: which gold tables a backfill rewrote is known only at run time
+# (the `pipeline` param), so its task declares this alias and resolves it to the chosen pipeline's Assets.
+GOLD_ALIAS = AssetAlias(name="sluice_backfill_gold", group="sluice")
+
+# The pipeline DAGs' tasks (the Airflow graph shows both paths; the branch picks one per run).
+CHOOSE_PATH, RUN_CYCLE, CHECK_QUALITY, REPROCESS, SEND_ALERTS = (
+    "choose_path", "run_cycle", "check_quality", "reprocess_interval", "send_alerts")
+BACKFILL_RUN_TYPE = "backfill"  # DagRunType.BACKFILL_JOB: runs created by `airflow backfill create` / the UI
+
 
 def gold_assets(pipeline: PipelineDef) -> list[Asset]:
     """One Asset per gold table the pipeline writes."""
     return [Asset(name=o.table_name, uri=f"sluice://{o.table_name}", group="sluice") for o in pipeline.outputs]
+
+
+def rfc3339(value: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z`` (what ``SLUICE_NOW`` and ``sluice backfill --start/--end`` take)."""
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat() + "Z"
+
+
+def pipeline_timetable(schedule: str | None) -> Any:
+    """The pipeline's ``schedule`` as a timetable whose runs cover real data intervals.
+
+    Airflow 3 turns a plain cron string into a ``CronTriggerTimetable`` (unless
+    ``[scheduler] create_cron_data_intervals`` is set), whose runs have an empty data interval
+    ``[t, t)``: a backfill of such a DAG would hold no window. ``CronDataIntervalTimetable`` gives each run
+    the interval from the previous cron tick to its own, ``[previous, this)``, contiguous, so a backfill
+    over a range reprocesses each window exactly once, and a scheduled run still runs at (and takes its
+    clock from) the end of its interval. Presets other than cron aliases (``@once``, ``@continuous``) and
+    None (manual only) are passed through unchanged."""
+    if schedule is None or schedule in ("@once", "@continuous"):
+        return schedule
+    return CronDataIntervalTimetable(schedule, timezone="UTC")
 
 
 def job(name: str = JOB) -> str:
@@ -115,24 +149,54 @@ def spark_env() -> dict[str, str]:
         "TZ": "UTC",
     }
     env.update({k: v for k, v in os.environ.items() if k.startswith(("SLUICE_", "AIRFLOW_CONN_SLUICE"))})
+    # Airflow 3's task supervisor keeps tasks off the metadata DB by pointing the DB URL of the task process
+    # at a placeholder (`airflow-db-not-allowed:///`). The job inherits the task's environment and imports
+    # Airflow (its alert records), whose import fails to parse that URL: every spark-submit task would fail
+    # under a real executor (`dag.test()` runs tasks unsupervised and never sees it). The job never uses
+    # the metadata DB; an in-memory SQLite keeps it that way and lets the import succeed.
+    for key in _DB_URL_KEYS:
+        if os.environ.get(key, "").startswith(_BLOCKED_DB_URL):
+            env[key] = "sqlite://"
     return env
 
 
-class SluiceSparkSubmitOperator(SparkSubmitOperator):
-    """spark-submit with sluice's defaults: ``spark_default`` if defined, else ``local[*]`` (no YARN)."""
+_DB_URL_KEYS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__SQL_ALCHEMY_CONN")
+_BLOCKED_DB_URL = "airflow-db-not-allowed:"
 
-    def __init__(self, **kwargs: Any) -> None:
+
+def task_failure_alert(context: Any) -> None:
+    """``on_failure_callback`` of sluice's Spark tasks: a ``task_failure`` alert (webhook, email, ops/alerts)
+    naming the DAG, task, run and error (:func:`sluice.alerting.outbox.on_task_failure`)."""
+    from sluice.alerting.outbox import on_task_failure
+
+    on_task_failure(context)
+
+
+class SluiceSparkSubmitOperator(SparkSubmitOperator):
+    """spark-submit with sluice's defaults: ``spark_default`` if defined, else ``local[*]`` (no YARN).
+
+    ``clock_from_data_interval``: the job's "now" (``SLUICE_NOW``) is the run's ``data_interval_end``, so
+    that re-running a past DAG run means what it meant then, unless ``SLUICE_NOW`` is already set (in the
+    environment or the task's ``env_vars``); a run without a data interval (a manual run triggered without a
+    logical date) keeps the wall clock."""
+
+    def __init__(self, *, clock_from_data_interval: bool = False, **kwargs: Any) -> None:
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("name", kwargs.get("task_id", "sluice"))
         kwargs.setdefault("conf", {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"})
+        # A Spark task that fails for good (retries used up) alerts through sluice's notifiers and outbox.
+        kwargs.setdefault("on_failure_callback", task_failure_alert)
         conn_id = kwargs["conn_id"]
         super().__init__(**kwargs)
         self.spark_conn_id: str = conn_id
+        self.clock_from_data_interval = clock_from_data_interval
 
     def execute(self, context: Any) -> None:
         from sluice.core.spark import log_conf  # imports PySpark: at run time, never at DAG parse time
 
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
+        if self.clock_from_data_interval:
+            self.env_vars = with_clock(self.env_vars, context.get("data_interval_end"))
         # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties), unless the task says.
         self.conf = {**log_conf(), **(self.conf or {})}
         if connection_defined(self.spark_conn_id):
@@ -143,25 +207,87 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
             return super().execute(context)
 
 
-def send_alerts_task(pipeline: Any) -> Any:
+def with_clock(env: dict[str, str], data_interval_end: datetime | None) -> dict[str, str]:
+    """``env`` with ``SLUICE_NOW`` = ``data_interval_end``, unless it already sets ``SLUICE_NOW`` or the run
+    has no data interval (then the job keeps its clock: the variable's, or the wall clock)."""
+    if env.get("SLUICE_NOW"):
+        log.info("now=%s (SLUICE_NOW from the environment)", env["SLUICE_NOW"])
+        return env
+    if data_interval_end is None:
+        log.info("this run has no data interval: now is the wall clock")
+        return env
+    now = rfc3339(data_interval_end)
+    log.info("now=%s (the run's data_interval_end)", now)
+    return {**env, "SLUICE_NOW": now}
+
+
+class SluiceBackfillOperator(SluiceSparkSubmitOperator):
+    """``sluice backfill`` through spark-submit (``application_args`` as for the one job entry point); when it
+    succeeds, one Asset event per gold table of ``pipeline`` (templated), each carrying ``event_extra``
+    (templated: the range and options it rewrote). With ``gold_alias`` the events go through that
+    AssetAlias outlet, resolved at run time to the pipeline's Assets (the ``sluice_backfill`` DAG, whose
+    pipeline is a param); without it the pipeline's gold Assets are the task's outlets (a pipeline DAG's
+    backfill path)."""
+
+    template_fields = (*SluiceSparkSubmitOperator.template_fields, "pipeline", "event_extra")
+
+    def __init__(
+        self,
+        *,
+        pipeline: str,
+        event_extra: dict[str, Any] | None = None,
+        gold_alias: AssetAlias | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if gold_alias is not None:
+            kwargs.setdefault("outlets", [gold_alias])
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+        self.event_extra = event_extra or {}
+        self.gold_alias = gold_alias
+
+    def execute(self, context: Any) -> None:
+        super().execute(context)  # raises on failure: no event for a rewrite that did not happen
+        from sluice.config import load_settings
+
+        extra = {"pipeline": self.pipeline, **self.event_extra}
+        assets = gold_assets(load_settings().pipeline(self.pipeline))
+        events = context["outlet_events"]
+        for asset in assets:
+            if self.gold_alias is not None:
+                events[self.gold_alias].add(asset, extra=extra)
+            else:
+                events[asset].extra.update(extra)
+        log.info("asset events for %s: %s", self.pipeline, ", ".join(a.uri for a in assets))
+
+
+def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS) -> Any:
     """The DAGs' last step: deliver the alerts the DQ step recorded, exactly once per failing window, then
     fail the run (without retries) so the failure is visible in Airflow too. ``pipeline`` is a name or the
     XCom of an upstream task that returns one."""
     from airflow.sdk import task
 
-    @task(task_id="send_alerts", retries=0)
+    @task(task_id=SEND_ALERTS, retries=0, trigger_rule=trigger_rule)
     def send_alerts(pipeline_name: str) -> int:
         from airflow.sdk.exceptions import AirflowFailException
 
+        from sluice.alerting.outbox import deliver_pending
         from sluice.config import load_settings
-        from sluice.quality.checker import deliver_pending_alerts
 
-        sent = deliver_pending_alerts(load_settings(), pipeline_name)
-        for message in sent:
-            log.warning("%s", message)
-        if sent:
-            raise AirflowFailException(f"{len(sent)} window(s) of {pipeline_name} failed data quality; alerts sent")
-        return 0
+        report = deliver_pending(load_settings(), pipeline_name)
+        for alert in report.delivered:
+            log.log(logging.INFO if alert.level == "info" else logging.WARNING, "%s", alert.message)
+        # Notices (corrections) are informational; failures, stale windows and unreadable files fail the run.
+        errors = [a for a in report.delivered + report.undelivered if a.level != "info"]
+        if report.undelivered:
+            raise AirflowFailException(
+                f"{len(report.undelivered)} alert(s) of {pipeline_name} could not be delivered through any "
+                "channel; they stay pending in ops/alerts and the next run retries them"
+            )
+        if errors:
+            raise AirflowFailException(f"{len(errors)} alert(s) of {pipeline_name} raised and sent: "
+                                       + "; ".join(a.summary for a in errors[:5]))
+        return len(report.delivered)
 
     return send_alerts(pipeline)
 
@@ -172,40 +298,125 @@ def _doc_md(pipeline: PipelineDef) -> str:
     return (
         f"### {pipeline.name}\n\n{pipeline.description.strip()}\n\n"
         f"Declared in `{pipeline.source}`. Reads {streams}; writes {outputs}.\n\n"
+        "**choose_path** picks one of two paths per run.\n\n"
+        "Scheduled and manual runs (the cycle; its clock, `SLUICE_NOW`, is the run's `data_interval_end` "
+        "unless `SLUICE_NOW` is set, or the wall clock for a run without a data interval):\n\n"
         "1. **run_cycle** (one Spark application): ingest the pipeline's streams into bronze, quarantine and "
         "DLQ, then the streaming queries (and the batch close) write the windows the watermark closed.\n"
         "2. **check_quality**: Great Expectations on each newly closed window -> `ops/dq_results`, Data Docs, "
-        "ledger.\n"
-        "3. **send_alerts**: webhook/email for failing windows (connections `sluice_webhook`, `sluice_smtp`).\n\n"
+        "ledger.\n\n"
+        "Backfill runs (`airflow backfill create --dag-id " + pipeline.name + " --from-date ... --to-date ...`, "
+        "or *Run backfill* in the UI):\n\n"
+        "1. **reprocess_interval**: `sluice backfill` of the windows whose start lies in the run's data "
+        "interval (aligned to the pipeline's windows; a run whose interval holds no window start does "
+        "nothing and says so in choose_path's log): recomputed from bronze, replaced in one atomic commit, "
+        "checked again, ledger `reprocessed`; Asset events for the gold tables. The run conf "
+        "`{\"include_late\": true}` (param `include_late`) also brings in the DLQ records. Only windows the "
+        "watermark has closed are rewritten.\n\n"
+        "Then **send_alerts**: webhook/email for failing windows (connections `sluice_webhook`, `sluice_smtp`); "
+        "it fails the run when a window failed its checks.\n\n"
         "Spark runs on the `spark_default` connection if defined, else in local mode."
     )
 
 
+def backfill_windows(pipeline_name: str, context: Any) -> tuple[datetime, datetime] | None:
+    """The windows of the run's data interval: those whose start lies in ``[data_interval_start,
+    data_interval_end)``, as an aligned ``sluice backfill`` range (None when no window starts in it). Reads
+    the pipeline's window from the settings (it may be configured) at run time."""
+    from sluice.config import load_settings
+    from sluice.core.windows import windows_starting_in
+
+    start, end = context.get("data_interval_start"), context.get("data_interval_end")
+    if start is None or end is None:
+        return None
+    return windows_starting_in(start, end, load_settings().pipeline(pipeline_name).window.slide)
+
+
+def choose_path_task(pipeline_name: str) -> Any:
+    """The branch: ``reprocess_interval`` for a backfill run whose interval holds windows, nothing for one
+    whose interval holds none, ``run_cycle`` for every other run."""
+    from airflow.sdk import get_current_context, task
+
+    @task.branch(task_id=CHOOSE_PATH)
+    def choose_path() -> str | None:
+        context = get_current_context()
+        dag_run = context["dag_run"]
+        run_type = str(getattr(dag_run.run_type, "value", dag_run.run_type))
+        if run_type != BACKFILL_RUN_TYPE:
+            log.info("%s run: one cycle of %s", run_type, pipeline_name)
+            return RUN_CYCLE
+        start, end = context.get("data_interval_start"), context.get("data_interval_end")
+        windows = backfill_windows(pipeline_name, context)
+        interval = f"[{rfc3339(start)}, {rfc3339(end)})" if start and end else "(none)"
+        if windows is None:
+            log.info("backfill run: no window of %s starts in its data interval %s: nothing to reprocess",
+                     pipeline_name, interval)
+            return None  # skips both paths (and send_alerts): the run succeeds having done nothing
+        include_late = bool(context["params"].get("include_late", False))
+        log.info("backfill run: reprocessing the windows of %s starting in %s, i.e. [%s, %s), include_late=%s",
+                 pipeline_name, interval, rfc3339(windows[0]), rfc3339(windows[1]), include_late)
+        context["ti"].xcom_push(key="windows", value={"start": rfc3339(windows[0]), "end": rfc3339(windows[1])})
+        return REPROCESS
+
+    return choose_path()
+
+
 def pipeline_dag(pipeline: PipelineDef) -> DAG:
-    """The scheduled DAG of one pipeline: run_cycle >> check_quality >> send_alerts."""
+    """The DAG of one pipeline: choose_path >> (run_cycle >> check_quality | reprocess_interval) >>
+    send_alerts. Scheduled and manual runs take the cycle; backfill runs reprocess their interval."""
+    windows = f"ti.xcom_pull(task_ids='{CHOOSE_PATH}', key='windows')"
     with DAG(
         dag_id=pipeline.name,
-        schedule=pipeline.schedule,
+        schedule=pipeline_timetable(pipeline.schedule),
         start_date=START_DATE,
         catchup=False,
         max_active_runs=1,
         default_args=DEFAULT_ARGS,
         tags=["sluice", "pipeline", *pipeline.tags],
         doc_md=_doc_md(pipeline),
+        params={
+            "include_late": Param(
+                False, type="boolean",
+                description="backfill runs only: also recompute with the DLQ (late) records; set it in the "
+                            "backfill's run conf, e.g. {\"include_late\": true}",
+            ),
+        },
     ) as dag:
+        choose_path = choose_path_task(pipeline.name)
         run_cycle = SluiceSparkSubmitOperator(
-            task_id="run_cycle",
+            task_id=RUN_CYCLE,
             application=job(),
             application_args=["run", pipeline.name, "--skip-quality"],
             outlets=gold_assets(pipeline),
+            clock_from_data_interval=True,
         )
         check_quality = SluiceSparkSubmitOperator(
-            task_id="check_quality",
+            task_id=CHECK_QUALITY,
             application=job(),
             application_args=["check", pipeline.name, "--no-deliver"],
+            clock_from_data_interval=True,
         )
-        send_alerts = send_alerts_task(pipeline.name)
+        reprocess = SluiceBackfillOperator(
+            task_id=REPROCESS,
+            pipeline=pipeline.name,
+            application=job(),
+            application_args=[
+                "backfill", pipeline.name,
+                "--start", "{{ " + windows + "['start'] }}",
+                "--end", "{{ " + windows + "['end'] }}",
+                "--include-late", "{{ params.include_late | string | lower }}",
+                "--no-deliver",
+                "--no-fail-on-checks",  # send_alerts delivers and fails the run; a retry would not help
+            ],
+            event_extra={"start": "{{ " + windows + "['start'] }}", "end": "{{ " + windows + "['end'] }}",
+                         "include_late": "{{ params.include_late | string | lower }}"},
+            outlets=gold_assets(pipeline),
+        )
+        # After whichever path ran; skipped when neither did (a backfill run whose interval holds no window).
+        send_alerts = send_alerts_task(pipeline.name, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
+        choose_path >> [run_cycle, reprocess]
         run_cycle >> check_quality >> send_alerts
+        reprocess >> send_alerts
     return dag
 
 

@@ -213,3 +213,29 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
                 if (f"{UNREADABLE_FILE}:{stream}", path) not in named:
                     files.append((stream, path))
     return Alert.unreadable_files(pipeline, files, settings.now()) if files else None
+
+
+def on_task_failure(context: Mapping[str, Any]) -> None:
+    """``on_failure_callback`` of sluice's Spark tasks (``run_cycle``, ``check_quality``, ``backfill``): a
+    task that failed for good (its retries used up) raises a ``task_failure`` alert through the same
+    notifiers and outbox as every other alert. The pipeline is the DAG's (its dag_id), or the
+    ``pipeline`` param of ``sluice_backfill``. Never raises: a callback error must not hide the failure."""
+    from sluice.alerting.notifiers import Alert, send_alert
+
+    dag_id = str(getattr(context.get("dag"), "dag_id", None) or getattr(context.get("ti"), "dag_id", ""))
+    alert = Alert.task_failure(dag_id, context, datetime.now(UTC))
+    try:
+        from sluice.config import load_settings
+
+        settings = load_settings()
+        params = context.get("params") or {}
+        pipeline = dag_id if dag_id in settings.registry.pipelines else params.get("pipeline") or dag_id
+        alert = Alert.task_failure(str(pipeline), context, settings.now())
+        raise_alert(settings, alert, deliver=True)
+    except Exception:
+        # The outbox may be what failed (an unwritable home): the alert still goes out, unrecorded.
+        log.exception("sluice: could not record the task-failure alert in ops/alerts; sending it directly")
+        try:
+            send_alert(alert)
+        except Exception:
+            log.exception("sluice: could not send the task-failure alert")
