@@ -112,8 +112,8 @@ class Settings:
         if name in self.windows:
             size, hop = self.windows[name]
             definition = replace(definition, window=WindowSpec(size, hop))
-        return replace(definition, max_corrections_per_run=self.max_corrections_per_run,
-                       **dict(self.policies.get(name) or {}))
+        policy = {"max_corrections_per_run": self.max_corrections_per_run, **dict(self.policies.get(name) or {})}
+        return replace(definition, **policy)
 
     def docs_url(self, page: str = "index.html") -> str:
         """The URL of a Data Docs page (relative to the Data Docs folder) for alerts and the CLI."""

@@ -57,7 +57,9 @@ def test_run_json_with_failing_windows_then_alerts_and_status(tmp_path: Path) ->
     run = sluice(tmp_path, "run", PIPELINE, "--now", "2024-05-01T02:00:00Z", "--no-deliver", "--json")
     assert run.returncode == 2, run.stderr[-3000:]
     doc = json.loads(run.stdout)  # stdout is exactly one JSON document: logs and JVM output went to stderr
-    assert list(doc) == ["pipeline", "outcome", "exit_code", "now", "seconds", "streams", "windows_closed", "quality"]
+    assert list(doc) == ["pipeline", "outcome", "exit_code", "now", "seconds", "streams", "windows_closed",
+                         "windows_amended", "windows_corrected", "quality"]
+    assert doc["windows_amended"] == doc["windows_corrected"] == []
     assert doc["pipeline"] == PIPELINE and doc["outcome"] == "checks_failed" and doc["exit_code"] == 2
     assert doc["now"] == "2024-05-01T02:00:00Z"
     [events] = doc["streams"]
@@ -106,7 +108,7 @@ def test_backfill_and_check_json(spark: SparkSession, tmp_path: Path, capsys: py
                                 "--end", "2024-05-01T01:00:00Z", "--now", "2024-05-01T02:00:00Z", "--json")
     assert code == 0
     assert list(backfill) == ["pipeline", "outcome", "exit_code", "start", "end", "include_late", "seconds",
-                              "windows", "rows", "skipped_open", "quality"]
+                              "windows", "rows", "skipped_open", "gold_versions", "late_waiting", "quality"]
     assert backfill["outcome"] == "passed" and backfill["exit_code"] == 0
     assert (backfill["start"], backfill["end"], backfill["include_late"]) == (
         "2024-05-01T00:00:00Z", "2024-05-01T01:00:00Z", False)

@@ -386,7 +386,8 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
         run_cycle = SluiceSparkSubmitOperator(
             task_id=RUN_CYCLE,
             application=job(),
-            application_args=["run", pipeline.name, "--skip-quality"],
+            # Alerts the cycle raises (unreadable files, correction notices) go out with send_alerts.
+            application_args=["run", pipeline.name, "--skip-quality", "--no-deliver"],
             outlets=gold_assets(pipeline),
             clock_from_data_interval=True,
         )

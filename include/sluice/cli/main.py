@@ -249,11 +249,17 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
 
 
 def cmd_status(args: argparse.Namespace) -> Output:
-    from sluice.cli.status import home_warnings, render_status, status_data
+    from sluice.cli.status import home_warnings, render_status, render_window, status_data, window_data
 
     settings = _settings(args, writes=False)
     for message in home_warnings(settings):
         warn(message)
+    if args.window is not None:
+        if args.json:
+            return Output(EXIT_OK, "", window_data(settings, args.window, args.pipeline))
+        return Output(EXIT_OK, render_window(settings, args.window, args.pipeline), {})
+    if args.pipeline is not None:
+        raise ConfigError("--pipeline chooses the pipeline of --window; give --window START too")
     data = status_data(settings) if args.json else {}
     return Output(EXIT_OK, "" if args.json else render_status(settings), data)
 
@@ -309,6 +315,19 @@ def cmd_new_pipeline(args: argparse.Namespace) -> int:
         print(f"created {path}")
     print(f"next: edit {created[0]}, then `sluice pipelines` and `sluice run {args.name}`")
     return EXIT_OK
+
+
+def _timestamp(key: str) -> Any:
+    """An argparse type: an RFC 3339 timestamp as aware UTC; a bad one is a usage error (exit 64)."""
+    def convert(value: str) -> Any:
+        from sluice.config import parse_time
+
+        try:
+            return parse_time(value, key)
+        except ConfigError as exc:  # argparse names the option itself
+            raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{key}: ")) from None
+
+    return convert
 
 
 def _flag(value: str) -> bool:
@@ -460,9 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
         "Where every line went per stream, the watermarks and last arrivals, the windows of each pipeline\n"
         "by state, failed windows, files that failed to load and row counts. Read from Delta metadata\n"
         "only.",
-        "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'",
+        "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'\n"
+        "  sluice status --window 2024-05-01T10:00:00Z --pipeline orders_hourly   # one window, what changed",
     )
     status.add_argument("--now", help=argparse.SUPPRESS)
+    status.add_argument("--window", metavar="START", type=_timestamp("--window"),
+                        help="show the window starting at START (RFC 3339): its ledger row and, after a backfill "
+                             "or correction, its gold rows before vs after (Delta time travel)")
+    status.add_argument("--pipeline", metavar="NAME",
+                        help="with --window: only this pipeline's window (default: every pipeline's)")
     _json_option(status)
     status.set_defaults(func=cmd_status)
 

@@ -115,6 +115,9 @@ def cycle_data(result: CycleResult, exit_code: int) -> dict[str, Any]:
         "seconds": round(result.seconds, 3),
         "streams": streams,
         "windows_closed": [window(s, e) for s, e in closed],
+        # Closed windows that late records landed for (now amended), and those re-computed with them.
+        "windows_amended": [window(s, e) for s, e in result.amended],
+        "windows_corrected": [window(s, e) for s, e in result.corrected],
         "quality": quality_data(result.quality),
     }
 
@@ -133,6 +136,8 @@ def backfill_data(result: BackfillResult, exit_code: int) -> dict[str, Any]:
         "windows": [window(s, e) for s, e in result.windows],
         "rows": dict(result.rows),
         "skipped_open": [window(s, e) for s, e in result.skipped_open],
+        "gold_versions": {table: list(pair) for table, pair in sorted(result.gold_versions.items())},
+        "late_waiting": [{**window(s, e), "late_waiting": n} for (s, e), n in sorted(result.late_waiting.items())],
         "quality": quality_data(result.quality),
     }
 

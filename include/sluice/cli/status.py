@@ -1,22 +1,33 @@
 """``sluice status``: watermarks, the window ledger and row counts, read from Delta metadata only (no
-Spark, so it answers in about a second)."""
+Spark, so it answers in about a second).
+
+``sluice status --window START [--pipeline P]`` shows one window: its ledger row and, for a window a backfill
+or a correction rewrote, what changed in each gold table, by Delta time travel to the versions before and
+after (``gold_versions``): the window's rows only, read on the driver with delta-rs.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+
 from sluice.cli.output import rfc3339, stream_totals, window
 from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
-from sluice.config import Settings
+from sluice.config import ConfigError, Settings
 from sluice.ingest.landing import load_state, local_path
 from sluice.storage import tables
-from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger
 
 #: The ledger states counted per pipeline, after ``open`` (hours in bronze that no window covers yet).
-LEDGER_STATES = ("closed", "validated", "failed", "reprocessed")
+LEDGER_STATES = ("closed", "validated", "failed", "amended", "reprocessed")
 
 
 def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
@@ -84,10 +95,15 @@ def render_status(settings: Settings) -> str:
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]
-    failed = [r for r in read_ledger(settings) if r.state == "failed"]
+    ledger = read_ledger(settings)
+    failed = [r for r in ledger if r.state == "failed"]
     if failed:
         out += ["", "failed windows:"]
         out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in failed[-10:]]
+    amended = [r for r in ledger if r.state == "amended"]
+    if amended:
+        out += ["", "amended windows (late records not in gold yet; `sluice status --window START` for one):"]
+        out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in amended[-10:]]
     out += ["", "tables (rows):"]
     rows = [[name, "-" if count is None else count] for name, count in _table_counts(settings)]
     out.append(render_table(["table", "rows"], rows))
@@ -138,3 +154,187 @@ def status_data(settings: Settings) -> dict[str, Any]:
         "load_errors": [{"file": str(e.file), "message": e.message} for e in settings.registry.errors],
         "tables": [{"table": name, "rows": count} for name, count in _table_counts(settings)],
     }
+
+
+# -- one window: sluice status --window --------------------------------------------------------------------
+@dataclass
+class TableChange:
+    """One gold table's rows of a window at the versions before and after its last rewrite."""
+
+    table: str
+    version_before: int
+    version_after: int
+    keys: tuple[str, ...]
+    added: list[dict[str, Any]] = field(default_factory=list)
+    removed: list[dict[str, Any]] = field(default_factory=list)
+    # (key, {column: (before, after)}) for rows present at both versions whose values differ
+    changed: list[tuple[dict[str, Any], dict[str, tuple[Any, Any]]]] = field(default_factory=list)
+    unchanged: int = 0
+    error: str | None = None  # a version that cannot be read any more (vacuumed)
+
+
+def find_windows(settings: Settings, start: datetime, pipeline: str | None) -> list[LedgerRow]:
+    """The ledger rows of windows starting at ``start`` (of ``pipeline``, or of every pipeline); a message
+    that says what exists when there is none."""
+    if pipeline is not None:
+        settings.pipeline(pipeline)  # an unknown name says which ones exist
+    ledger = read_ledger(settings, pipeline)
+    found = [r for r in ledger if r.window_start == start]
+    if not found:
+        whose = f"of {pipeline} " if pipeline else ""
+        known = (f"closed windows {whose}start from {rfc3339(ledger[0].window_start)} to "
+                 f"{rfc3339(ledger[-1].window_start)}" if ledger else f"no window {whose}has closed yet")
+        raise ConfigError(f"no window {whose}starts at {rfc3339(start)} in ops/window_ledger; {known} "
+                          "(`sluice status` lists them by state)")
+    return found
+
+
+def _window_rows(path: Path, version: int, row: LedgerRow) -> list[dict[str, Any]]:
+    """The gold rows of the window at ``version`` (time travel), without the window bounds."""
+    dataset = DeltaTable(str(path), version=version).to_pyarrow_dataset()
+    utc = pa.timestamp("us", "UTC")
+    only = (pc.field("window_start") == pa.scalar(row.window_start, utc)) & (
+        pc.field("window_end") == pa.scalar(row.window_end, utc))
+    rows = dataset.to_table(filter=only).to_pylist()
+    return [{k: v for k, v in r.items() if k not in ("window_start", "window_end")} for r in rows]
+
+
+def diff_rows(change: TableChange, before: Sequence[Mapping[str, Any]], after: Sequence[Mapping[str, Any]]) -> None:
+    """Fill ``change`` with the rows added, removed and changed between two versions, matched by key."""
+    def key(r: Mapping[str, Any]) -> tuple[Any, ...]:
+        return tuple(r.get(k) for k in change.keys)
+
+    def order(k: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple((v is not None, str(v)) for v in k)
+
+    old = {key(r): dict(r) for r in before}
+    new = {key(r): dict(r) for r in after}
+    for k in sorted(set(old) | set(new), key=order):
+        if k not in old:
+            change.added.append(new[k])
+        elif k not in new:
+            change.removed.append(old[k])
+        else:
+            columns = {c: (old[k].get(c), new[k].get(c)) for c in {**old[k], **new[k]}
+                       if c not in change.keys and old[k].get(c) != new[k].get(c)}
+            if columns:
+                change.changed.append((dict(zip(change.keys, k, strict=True)), columns))
+            else:
+                change.unchanged += 1
+
+
+def window_changes(settings: Settings, row: LedgerRow) -> list[TableChange]:
+    """Per gold table of the window's last rewrite: its rows at the versions before and after."""
+    registered = row.pipeline in settings.registry.pipelines
+    keys = {o.table_name: o.keys for o in settings.pipeline(row.pipeline).outputs} if registered else {}
+    changes = []
+    for table, (before, after) in sorted(parse_gold_versions(row.gold_versions).items()):
+        path = settings.lake / table
+        try:
+            old, new = _window_rows(path, before, row), _window_rows(path, after, row)
+        except Exception as exc:  # a vacuumed version (its files are gone) or a dropped table
+            changes.append(TableChange(table, before, after, (), error=f"{type(exc).__name__}: {exc}"))
+            continue
+        # Without the definition (a pipeline no longer registered) the non-numeric columns are the key.
+        sample = (old or new or [{}])[0]
+        columns = keys.get(table) or tuple(c for c, v in sample.items() if not isinstance(v, int | float))
+        change = TableChange(table, before, after, tuple(columns))
+        diff_rows(change, old, new)
+        changes.append(change)
+    return changes
+
+
+def _json_value(value: Any) -> Any:
+    return rfc3339(value) if isinstance(value, datetime) else value
+
+
+def _json_row(row: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: _json_value(v) for k, v in row.items()}
+
+
+def change_data(change: TableChange) -> dict[str, Any]:
+    return {
+        "table": change.table,
+        "version_before": change.version_before,
+        "version_after": change.version_after,
+        "keys": list(change.keys),
+        "added": [_json_row(r) for r in change.added],
+        "removed": [_json_row(r) for r in change.removed],
+        "changed": [{"key": _json_row(k), "columns": {c: {"before": _json_value(b), "after": _json_value(a)}
+                                                      for c, (b, a) in sorted(cols.items())}}
+                    for k, cols in change.changed],
+        "unchanged": change.unchanged,
+        "error": change.error,
+    }
+
+
+def window_data(settings: Settings, start: datetime, pipeline: str | None = None) -> dict[str, Any]:
+    """``sluice status --window START --json``: every key always present."""
+    windows = []
+    for row in find_windows(settings, start, pipeline):
+        versions = parse_gold_versions(row.gold_versions)
+        windows.append({
+            "pipeline": row.pipeline,
+            **window(row.window_start, row.window_end),
+            "state": row.state,
+            "closed_by_watermark": rfc3339(row.closed_by_watermark),
+            "closed_at": rfc3339(row.closed_at),
+            "updated_at": rfc3339(row.updated_at),
+            "rows": row.rows,
+            "late_rows": row.late_rows,
+            "late_waiting": row.late_waiting,
+            "attempt": row.attempt,
+            "detail": row.detail,
+            "gold_versions": {t: {"before": b, "after": a} for t, (b, a) in sorted(versions.items())} or None,
+            "changes": [change_data(c) for c in window_changes(settings, row)],
+        })
+    return {"now": rfc3339(settings.now()), "home": str(settings.home), "window_start": rfc3339(start),
+            "pipeline": pipeline, "windows": windows}
+
+
+def _cells(row: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={_shown(v)}" for k, v in row.items())
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, float):
+        return format(value, ".10g")
+    if isinstance(value, datetime):
+        return rfc3339(value) or "-"
+    return "null" if value is None else str(value)
+
+
+def render_change(change: TableChange) -> list[str]:
+    head = f"  {change.table}: version {change.version_before} -> {change.version_after}"
+    if change.error:
+        return [f"{head}: cannot be read any more ({change.error}); time travel reaches as far as VACUUM "
+                "keeps files (vacuum_retention_hours)"]
+    lines = [f"{head}: {len(change.changed)} changed, {len(change.added)} added, {len(change.removed)} removed, "
+             f"{change.unchanged} unchanged row(s)"]
+    for key, columns in change.changed:
+        lines.append(f"    ~ {_cells(key)}: " + ", ".join(
+            f"{c} {_shown(b)} -> {_shown(a)}" for c, (b, a) in sorted(columns.items())))
+    lines += [f"    + {_cells(r)}" for r in change.added]
+    lines += [f"    - {_cells(r)}" for r in change.removed]
+    return lines
+
+
+def render_window(settings: Settings, start: datetime, pipeline: str | None = None) -> str:
+    out: list[str] = []
+    for row in find_windows(settings, start, pipeline):
+        if out:
+            out.append("")
+        out += [
+            f"{row.pipeline} window [{fmt_ts(row.window_start)}, {fmt_ts(row.window_end)}): {row.state}",
+            f"  closed at {fmt_ts(row.closed_at)} (watermark {fmt_ts(row.closed_by_watermark)}); "
+            f"updated {fmt_ts(row.updated_at)}",
+            f"  gold rows {row.rows}, late records {row.late_rows} (not in gold yet: {row.late_waiting}), "
+            f"validation rounds {row.attempt}",
+            f"  detail: {row.detail or '-'}",
+        ]
+        changes = window_changes(settings, row)
+        if not changes:
+            out.append("  no backfill or correction has rewritten this window: nothing to compare")
+        for change in changes:
+            out += render_change(change)
+    return "\n".join(out)

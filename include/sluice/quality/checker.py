@@ -333,7 +333,11 @@ class QualityChecker:
             )
             # This validation round: the key of the window's alert, stable until the ledger records it.
             row.attempt = (row.attempt or 0) + 1
-            row.late_rows = n_late
+            # The ledger keeps the late count its row was closed (or rebuilt) with: late records that landed
+            # since are amendments (sluice.streaming.corrections), not silently part of the window. The
+            # lateness expectation above counts them all.
+            if window not in ledger:
+                row.late_rows = n_late
             row.updated_at = now
             if validation.success:
                 row.state = final_state or "validated"

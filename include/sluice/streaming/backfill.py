@@ -6,16 +6,32 @@ transforms as the streaming path, and replace exactly that range of gold in one 
 * ``include_late`` adds the DLQ records of the pipeline's streams to the input.
 * Only closed windows are rewritten: a window still open would otherwise be emitted again by streaming.
 * Holds the pipeline lock, so it never writes at the same time as a scheduled cycle.
+
+A request is a range (``sluice backfill``: every window starting in ``[start, end)``) or an explicit set of
+windows (automatic corrections, :mod:`sluice.streaming.corrections`): the same computation, the same one
+replace per gold table; a set reads bronze only around its windows.
+
+**Late records and the ledger.** Each rewritten window records the gold tables' Delta versions before and
+after the replace (``gold_versions``). With ``include_late`` its late records are in gold afterwards, so
+``late_waiting`` drops to 0. Without it they are still not in gold: the window keeps its ``late_waiting``
+count (and, under ``corrections: auto``, a later cycle corrects it), its state is what its re-validation
+says, and its ``detail`` names the ``--include-late`` command. ``late_rows`` keeps the count the ledger had
+when the backfill started (the validation counts the DLQ again, later), so a late record that lands while
+the backfill runs is flagged by the next amendment scan instead of being taken for one already in gold.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
-from pyspark.sql import DataFrame, SparkSession
+from deltalake import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.config import ConfigError, Settings, parse_time
@@ -25,12 +41,22 @@ from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
 from sluice.storage.engine import DeltaEngine, engine_for
-from sluice.storage.ledger import LedgerRow, next_version, read_ledger, write_ledger
+from sluice.storage.ledger import (
+    SETTLED_STATES,
+    LedgerRow,
+    format_gold_versions,
+    next_version,
+    read_ledger,
+    write_ledger,
+)
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 
 log = logging.getLogger("sluice.backfill")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+Window = tuple[datetime, datetime]
+WINDOW_COLUMNS = ["window_start", "window_end"]
 
 
 @dataclass
@@ -39,6 +65,38 @@ class BackfillRequest:
     start: datetime
     end: datetime
     include_late: bool = False
+    # An explicit set of windows (automatic corrections) instead of every window starting in [start, end);
+    # start and end then span them (see windows_request).
+    windows: tuple[Window, ...] | None = None
+
+
+def windows_request(pipeline: PipelineDef, windows: Sequence[Window], include_late: bool = False) -> BackfillRequest:
+    """A request for exactly ``windows`` (aware UTC bounds, at least one)."""
+    chosen = tuple(sorted(set(windows)))
+    if not chosen:
+        raise ValueError("a backfill of an explicit set of windows needs at least one window")
+    return BackfillRequest(pipeline, chosen[0][0], max(end for _start, end in chosen), include_late, chosen)
+
+
+@dataclass(frozen=True)
+class Commits:
+    """The app transactions a backfill commits under: gold ``<prefix>.<output>`` at ``version`` (None: the
+    next free version of each table, so every run is a new write), the ledger under ``ledger_app``."""
+
+    prefix: str = "sluice.backfill"
+    ledger_app: str = "sluice.ledger.backfill"
+    version: int | None = None
+
+
+@dataclass(frozen=True)
+class _Scope:
+    """What a request covers: the input frames to build from (one per span of bronze), the computed rows it
+    rewrites, and the gold rows a replace keeps."""
+
+    inputs: list[dict[str, DataFrame]]
+    pick: Callable[[DataFrame], DataFrame]
+    keep: Callable[[DataFrame], DataFrame]
+    closed: Column
 
 
 @dataclass
@@ -49,6 +107,10 @@ class BackfillResult:
     skipped_open: list[tuple[datetime, datetime]] = field(default_factory=list)
     quality: QualityReport | None = None
     seconds: float = 0.0
+    # gold table -> (Delta version before, after) its replace; also in the ledger's gold_versions.
+    gold_versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Windows rewritten whose late records are still not in gold (without include_late), and how many.
+    late_waiting: dict[Window, int] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -65,6 +127,9 @@ class BackfillResult:
         if self.skipped_open:
             lines.append(f"  skipped {len(self.skipped_open)} window(s) that are still open (not yet closed by the "
                          "watermark); they will be written by the scheduled run")
+        if self.late_waiting:
+            lines.append(f"  {len(self.late_waiting)} window(s) still have {sum(self.late_waiting.values())} late "
+                         "record(s) not in gold; rerun with --include-late to bring them in")
         if self.quality is not None:
             lines.append(f"  data quality: {len(self.quality.checked) - len(self.quality.failed)} passed, "
                          f"{len(self.quality.failed)} failed")
@@ -102,20 +167,50 @@ class Backfill:
         engine: DeltaEngine,
         request: BackfillRequest,
         deliver_alerts: bool = True,
+        *,
+        commits: Commits = Commits(),
+        late_rows: Mapping[Window, int] | None = None,
     ):
         self.deliver_alerts = deliver_alerts
         self.spark = spark
         self.settings = settings
         self.engine = engine
         self.request = request
+        self.commits = commits
+        # The DLQ counts the ledger keeps for the rewritten windows (default: the ledger's, at the start).
+        self.late_rows = late_rows
 
-    def _inputs(self) -> dict[str, DataFrame]:
+    def _margin(self) -> timedelta:
+        # Everything that can reach a window: the window itself, plus the join bound both ways.
+        pipeline = self.request.pipeline
+        return pipeline.window.size + pipeline.lateness_bound + timedelta(hours=1)
+
+    def _inputs(self, lo: datetime | None = None, hi: datetime | None = None) -> dict[str, DataFrame]:
         req = self.request
-        pipeline = req.pipeline
-        # Everything that can reach a window in range: the window itself, plus the join bound both ways.
-        margin = pipeline.window.size + pipeline.lateness_bound + timedelta(hours=1)
-        return batch_inputs(self.settings, self.engine, pipeline, req.start - margin, req.end + margin,
+        margin = self._margin()
+        lo = req.start if lo is None else lo
+        hi = req.end if hi is None else hi
+        return batch_inputs(self.settings, self.engine, req.pipeline, lo - margin, hi + margin,
                             include_late=req.include_late)
+
+    def _scope(self, closable_until: datetime | None) -> _Scope:
+        req = self.request
+        final = F.col("window_end") <= F.lit(closable_until) if closable_until is not None else F.lit(False)
+        if req.windows is None:
+            in_range = (F.col("window_start") >= F.lit(req.start)) & (F.col("window_start") < F.lit(req.end))
+            return _Scope([self._inputs()], lambda df: df.filter(in_range), lambda current: current.filter(~in_range),
+                          in_range & final)
+        requested = self._bounds(req.windows)
+        rewritten = self._bounds([w for w in req.windows if closable_until is not None and w[1] <= closable_until])
+        return _Scope(
+            [self._inputs(lo, hi) for lo, hi in input_spans(req.windows, self._margin())],
+            lambda df: df.join(F.broadcast(requested), WINDOW_COLUMNS, "left_semi"),
+            lambda current: current.join(F.broadcast(rewritten), WINDOW_COLUMNS, "left_anti"),
+            final,
+        )
+
+    def _bounds(self, windows: Sequence[Window]) -> DataFrame:
+        return self.spark.createDataFrame(sorted(windows), "window_start timestamp, window_end timestamp")
 
     def run(self) -> BackfillResult:
         started = time.monotonic()
@@ -123,43 +218,71 @@ class Backfill:
         req = self.request
         pipeline = req.pipeline
         result = BackfillResult(req)
+        # The DLQ counts to keep (see the module docstring); a window awaiting its first validation
+        # (``closed``) takes its count from that validation, as the amendment scan assumes.
+        late_rows = dict(self.late_rows) if self.late_rows is not None else {
+            r.window: r.late_rows for r in read_ledger(self.settings, pipeline.name) if r.state in SETTLED_STATES}
         # The closing rule of every path: a window is final once W >= end + lateness_bound.
         closable_until = closing_boundary(self.settings, pipeline)
-        inputs = self._inputs()
-        in_range = (F.col("window_start") >= F.lit(req.start)) & (F.col("window_start") < F.lit(req.end))
-        closed = (
-            in_range & (F.col("window_end") <= F.lit(closable_until)) if closable_until is not None else F.lit(False)
-        )
+        scope = self._scope(closable_until)
         windows: set[tuple[datetime, datetime]] = set()
         for output in pipeline.outputs:
             ensure_output_table(self.spark, self.settings, self.engine, pipeline, output)
             # One computation (gold-sized: windows x keys) feeds the open-window check, the counts and the commit.
-            computed = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
-            computed = computed.filter(in_range).localCheckpoint()
-            for r in computed.filter(~closed).select("window_start", "window_end").distinct().collect():
+            parts = [scope.pick(gold_rows(output, output.build(inputs, pipeline.window), pipeline.window))
+                     for inputs in scope.inputs]
+            computed = parts[0]
+            for part in parts[1:]:
+                computed = computed.unionByName(part)
+            computed = computed.localCheckpoint()
+            for r in computed.filter(~scope.closed).select("window_start", "window_end").distinct().collect():
                 result.skipped_open.append((r[0].astimezone(UTC), r[1].astimezone(UTC)))
-            rows = computed.filter(closed).coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys)
+            rows = computed.filter(scope.closed).coalesce(1).sortWithinPartitions(
+                "window_start", "window_end", *output.keys
+            )
             counts = {
                 (r[0].astimezone(UTC), r[1].astimezone(UTC)): int(r[2])
                 for r in rows.groupBy("window_start", "window_end").count().collect()
             }
             windows.update(counts)
             result.rows[output.name] = sum(counts.values())
-            path = output.path(self.settings)
-            app = f"sluice.backfill.{output.name}"
-            meta = {"pipeline": pipeline.name, "start": req.start, "end": req.end, "include_late": req.include_late}
-            self.engine.replace(
-                rows, path, keep=lambda current: current.filter(~in_range),
-                app_id=app, version=next_version(self.engine, path, app), metadata=meta,
-            )
-        result.windows = sorted(windows)
-        result.skipped_open = sorted(set(result.skipped_open) - windows)
+            result.gold_versions[output.table_name] = self._replace(output.path(self.settings), output.name, rows,
+                                                                    scope.keep)
+        if req.windows is None:
+            result.windows = sorted(windows)
+        else:
+            # Every requested closed window is rewritten, even one whose recomputation has no rows left.
+            result.windows = sorted(w for w in req.windows if closable_until is not None and w[1] <= closable_until)
+            result.skipped_open.extend(w for w in req.windows if w not in result.windows)
+        result.skipped_open = sorted(set(result.skipped_open) - set(result.windows))
         self._mark_ledger(result)
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
             result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts
         )
+        self._settle_ledger(result, late_rows)
         result.seconds = time.monotonic() - started
         return result
+
+    def _replace(self, path: Path, output: str, rows: DataFrame, keep: Callable[[DataFrame], DataFrame]
+                 ) -> tuple[int, int]:
+        """Replace the scope's windows of one gold table in one atomic commit; its Delta versions (before,
+        after). The pipeline lock keeps other writers off gold, so the version before is the one under it."""
+        req = self.request
+        app = f"{self.commits.prefix}.{output}"
+        version = self.commits.version
+        if version is None:
+            version = next_version(self.engine, path, app)
+            meta: dict[str, object] = {"pipeline": req.pipeline.name, "start": req.start, "end": req.end,
+                                       "include_late": req.include_late}
+        else:
+            meta = {"pipeline": req.pipeline.name, "include_late": req.include_late, "app": app,
+                    "app_version": version, "windows": [[s.isoformat(), e.isoformat()] for s, e in req.windows or ()]}
+        before = DeltaTable(str(path)).version()
+        if self.engine.replace(rows, path, keep=keep, app_id=app, version=version, metadata=meta):
+            return (before, DeltaTable(str(path)).version())
+        # Committed by an earlier attempt of the same write (a correction resumed after a crash).
+        committed = commit_version(path, app, version)
+        return (committed - 1, committed) if committed is not None else (before, before)
 
     def _mark_ledger(self, result: BackfillResult) -> None:
         now = self.settings.now()
@@ -170,8 +293,64 @@ class Backfill:
             row = existing.get(window) or LedgerRow(name, window[0], window[1], "reprocessed", None, 0, 0, now, now)
             row.state = "reprocessed"
             row.updated_at = now
+            row.gold_versions = format_gold_versions(result.gold_versions)
+            if self.request.include_late:
+                row.late_waiting = 0  # gold now holds every late record the DLQ had
             rows.append(row)
-        write_ledger(self.settings, self.engine, rows, app_id=f"sluice.ledger.backfill.{name}")
+        write_ledger(self.settings, self.engine, rows, app_id=self._ledger_app())
+
+    def _ledger_app(self) -> str:
+        return f"{self.commits.ledger_app}.{self.request.pipeline.name}"
+
+    def _settle_ledger(self, result: BackfillResult, late_rows: Mapping[Window, int]) -> None:
+        """After the validation: ``late_rows`` back to the count the backfill started from, and windows whose
+        late records are still not in gold say so. One commit, only when something differs."""
+        from sluice.streaming.corrections import waiting_detail  # corrections builds on this module
+
+        now = self.settings.now()
+        pipeline = self.request.pipeline
+        chosen = set(result.windows)
+        changed = []
+        for row in read_ledger(self.settings, pipeline.name):
+            if row.window not in chosen:
+                continue
+            before = (row.late_rows, row.detail)
+            row.late_rows = late_rows.get(row.window, row.late_rows)
+            if row.late_waiting > 0:
+                result.late_waiting[row.window] = row.late_waiting
+                waiting = waiting_detail(pipeline, row, now, reprocessed=True)
+                row.detail = f"{row.detail}; {waiting}" if row.state == "failed" and row.detail else waiting
+            if (row.late_rows, row.detail) != before:
+                row.updated_at = now
+                changed.append(row)
+        if changed:
+            write_ledger(self.settings, self.engine, changed, app_id=self._ledger_app())
+
+
+def input_spans(windows: Sequence[Window], margin: timedelta) -> list[tuple[datetime, datetime]]:
+    """The event-time ranges to read for ``windows``: each window widened by ``margin`` both ways (what can
+    reach it), overlapping ranges merged, so scattered windows do not read the bronze hours between them and
+    no hour is read twice."""
+    spans: list[tuple[datetime, datetime]] = []
+    for start, end in sorted(windows):
+        if spans and start - margin <= spans[-1][1] + margin:
+            spans[-1] = (spans[-1][0], max(spans[-1][1], end))
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def commit_version(path: Path, app_id: str, version: int, *, depth: int = 100) -> int | None:
+    """The table version whose commit carries app transaction ``(app_id, version)``, from the commit metadata
+    of the newest ``depth`` commits (written by :meth:`Backfill._replace`); None if not among them."""
+    for entry in DeltaTable(str(path)).history(depth):
+        raw = entry.get("sluice") or entry.get("userMetadata")
+        if not raw:
+            continue
+        meta = json.loads(raw)
+        if meta.get("app") == app_id and meta.get("app_version") == version:
+            return int(entry["version"])
+    return None
 
 
 def run_backfill(
@@ -184,7 +363,13 @@ def run_backfill(
     *,
     deliver_alerts: bool = True,
 ) -> BackfillResult:
+    from sluice.streaming.corrections import scan_amendments  # corrections builds on this module
+
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
     with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
-        return Backfill(spark, settings, engine_for(spark, settings), request, deliver_alerts).run()
+        engine = engine_for(spark, settings)
+        # The ledger's late counts up to date first (late records since the last cycle are flagged), so
+        # the backfill knows which of its windows have late records waiting and clears exactly those.
+        scan_amendments(spark, settings, engine, request.pipeline)
+        return Backfill(spark, settings, engine, request, deliver_alerts).run()

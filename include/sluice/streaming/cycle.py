@@ -1,6 +1,11 @@
-"""One full cycle of a pipeline: ingest its streams (and, as the pipeline grows, aggregate and check).
+"""One full cycle of a pipeline: ingest its streams, flag closed windows that late records landed for,
+aggregate (close new windows), correct amended windows (``corrections: auto``), and check new windows.
 
 Shared by ``sluice run`` and the Airflow tasks so that both behave identically.
+
+Corrections validate the windows they rewrite themselves, like backfills, so they run with
+``check_quality=False`` too (the DAG's ``run_cycle`` task). Their failures are recorded and alerted either
+way; they count in the cycle's quality report and exit code only when the cycle checks quality itself.
 """
 
 from __future__ import annotations
@@ -8,20 +13,25 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from pyspark.sql import SparkSession
 
+from sluice.alerting.outbox import unreadable_files_alert
 from sluice.cli.report import accounting_table
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
 from sluice.core.spark import get_spark
-from sluice.ingest.landing import BatchRow, local_path, run_ingest
+from sluice.ingest.landing import BatchRow, run_ingest
 from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
 from sluice.storage.engine import engine_for
+from sluice.streaming.corrections import CorrectionReport, run_corrections, scan_amendments
 from sluice.streaming.runner import AggregateResult, run_pipeline
 
 log = logging.getLogger("sluice.cycle")
+
+Window = tuple[datetime, datetime]
 
 
 @dataclass
@@ -33,6 +43,14 @@ class CycleResult:
     quality: QualityReport | None = None
     failed_windows: int = 0
     seconds: float = 0.0
+    # Closed windows that late records landed for, flagged ``amended`` by this cycle's scan.
+    amended: list[Window] = field(default_factory=list)
+    corrections: CorrectionReport | None = None
+
+    @property
+    def corrected(self) -> list[Window]:
+        """Windows this cycle re-computed with their late records (``corrections: auto``)."""
+        return list(self.corrections.corrected) if self.corrections is not None else []
 
     @property
     def exit_code(self) -> int:
@@ -49,6 +67,14 @@ class CycleResult:
             windows = self.aggregate.windows
             closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")
             parts.append(f"windows closed this cycle: {len(windows)}" + (f" ({closed})" if windows else ""))
+        if self.amended:
+            shown = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in self.amended[:6]) + (
+                " ..." if len(self.amended) > 6 else "")
+            policy = self.corrections.policy if self.corrections is not None else "manual"
+            parts.append(f"late records landed for {len(self.amended)} closed window(s), now amended ({shown}); "
+                         f"corrections: {policy}")
+        if self.corrections is not None:
+            parts.extend(self.corrections.render())
         if self.quality is not None:
             q = self.quality
             parts.append(f"data quality: {len(q.checked) - len(q.failed)} window(s) passed, {len(q.failed)} failed"
@@ -76,17 +102,18 @@ def run_cycle(
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         batches = run_ingest(spark, settings, engine, streams)
-        unreadable = [(stream, local_path(r.source_file or "")) for stream, rows in batches.items()
-                      for r in rows if r.unreadable]
-        if unreadable:
-            from sluice.alerting.notifiers import Alert  # imports Airflow: only when there is an alert
-
-            raise_alert(settings, engine, Alert.unreadable_files(pipeline, unreadable, settings.now()),
-                        deliver=deliver_alerts)
+        # From the ingest log, not from this cycle's batches: a crash between a file's quarantine and its
+        # alert is caught up here, and a rerun finds the alert's key already recorded.
+        unreadable = unreadable_files_alert(settings, pipeline)
+        if unreadable is not None:
+            raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
+        # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
+        amended = scan_amendments(spark, settings, engine, definition)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows):
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = run_pipeline(spark, settings, engine, definition)
+        corrections = run_corrections(spark, settings, engine, definition, deliver_alerts=deliver_alerts)
         if check_quality:
             log.info("cycle %s: checking data quality", pipeline)
         quality = (
@@ -94,10 +121,22 @@ def run_cycle(
             if check_quality
             else None
         )
-    result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started)
+    result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started,
+                         amended=amended, corrections=corrections)
+    if check_quality:
+        # The corrections' own validations belong to this cycle's verdict (exit code 2, the JSON's quality).
+        quality = merged_reports(quality, corrections.quality)
     result.quality = quality
     result.failed_windows = len(quality.failed) if quality else 0
     return result
+
+
+def merged_reports(first: QualityReport | None, second: QualityReport | None) -> QualityReport | None:
+    """One report of two validations of one pipeline (a cycle's new windows and its corrections)."""
+    if first is None or second is None:
+        return first or second
+    return QualityReport(first.pipeline, [*first.checked, *second.checked], {**first.failed, **second.failed},
+                         second.docs_index or first.docs_index, [*first.alerts_sent, *second.alerts_sent])
 
 
 def run_quality(
