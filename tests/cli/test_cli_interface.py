@@ -194,6 +194,8 @@ def test_pipelines_json_lists_streams_windows_outputs_and_checks(tmp_path: Path)
     ad = by_name["ad_clicks_hourly"]
     assert ad["window"] == {"size_seconds": 3600, "hop_seconds": 3600, "tumbling": True}
     assert ad["lateness_bound_seconds"] == 1800
+    assert ad["corrections"] == {"policy": "manual", "max_age_seconds": 7 * 86400, "max_per_run": 24}
+    assert ad["freshness_grace_seconds"] == 3600
     clicks = next(s for s in ad["streams"] if s["name"] == "clicks")
     assert clicks["id"] == "click_id" and clicks["watermark_delay_seconds"] == 600
     assert {"name": "click_id", "type": "string", "required": True} in clicks["fields"]

@@ -2,19 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from sluice.checks import describe as describe_check
 from sluice.config import Settings
-
-
-def _duration(value: timedelta) -> str:
-    seconds = int(value.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
+from sluice.core.timeutil import format_duration as fmt
 
 
 def describe_registry(settings: Settings) -> str:
@@ -25,12 +17,14 @@ def describe_registry(settings: Settings) -> str:
     streams = settings.streams
     for name in sorted(registry.pipelines):
         p = settings.pipeline(name)
-        window = _duration(p.window.size) + (f" every {_duration(p.window.slide)}" if p.window.hop else " tumbling")
+        window = fmt(p.window.size) + (f" every {fmt(p.window.slide)}" if p.window.hop else " tumbling")
         lines += [
             "",
             f"{name}  ({p.source.name if p.source else '?'})",
             f"  schedule: {p.schedule or 'none (manual)'}",
-            f"  window:   {window}" + (f", lateness bound {_duration(p.lateness_bound)}" if p.lateness_bound else ""),
+            f"  window:   {window}" + (f", lateness bound {fmt(p.lateness_bound)}" if p.lateness_bound else ""),
+            f"  late data: corrections {p.corrections} (max_age {fmt(p.correction_max_age)}, "
+            f"{p.max_corrections_per_run} per run); freshness grace {fmt(p.freshness_grace)}",
             "  streams:",
         ]
         for stream in p.streams:
@@ -38,8 +32,8 @@ def describe_registry(settings: Settings) -> str:
             fields = ", ".join(f"{s.json_name(f)}:{s.type_of(f)}{'*' if f in s.required else ''}" for f in s.fields)
             shared = [q for q in registry.pipelines_reading(stream) if q != name]
             lines.append(
-                f"    {stream}: id={s.id_field} watermark_delay={_duration(s.watermark_delay)} "
-                f"early_tolerance={_duration(s.early_tolerance)} idle_timeout={_duration(s.idle_timeout)}"
+                f"    {stream}: id={s.id_field} watermark_delay={fmt(s.watermark_delay)} "
+                f"early_tolerance={fmt(s.early_tolerance)} idle_timeout={fmt(s.idle_timeout)}"
                 + (f" (shared with {', '.join(shared)})" if shared else "")
             )
             lines.append(f"      fields: {fields}   (* required)")
@@ -77,6 +71,9 @@ def registry_data(settings: Settings) -> dict[str, Any]:
                 "tumbling": p.window.slide == p.window.size,
             },
             "lateness_bound_seconds": int(p.lateness_bound.total_seconds()),
+            "corrections": {"policy": p.corrections, "max_age_seconds": int(p.correction_max_age.total_seconds()),
+                            "max_per_run": p.max_corrections_per_run},
+            "freshness_grace_seconds": int(p.freshness_grace.total_seconds()),
             "streams": [
                 {
                     "name": stream,

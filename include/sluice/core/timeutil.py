@@ -36,6 +36,15 @@ def parse_duration(value: object, key: str) -> timedelta:
     return timedelta(seconds=seconds)
 
 
+def format_duration(value: timedelta) -> str:
+    """A duration as users write it: the largest whole unit (``7d``, ``90m``, ``45s``)."""
+    seconds = int(value.total_seconds())
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds and seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
 def parse_timestamp(value: object, key: str) -> datetime:
     """An RFC 3339 timestamp (``Z`` or a numeric offset), normalised to aware UTC."""
     if isinstance(value, datetime):

@@ -38,7 +38,7 @@ import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +50,7 @@ from pyspark.sql.types import NumericType, StructType
 from sluice.config import Settings
 from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import collected_utc
+from sluice.core.timeutil import format_duration
 from sluice.quality.checker import QualityReport
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
@@ -156,7 +157,7 @@ def waiting_detail(pipeline: PipelineDef, row: LedgerRow, now: datetime, *, repr
     if pipeline.corrections != "auto":
         return f"{head}; corrections are manual: `{command}` brings them in"
     if too_old(pipeline, row.window, now):
-        return (f"{head}; the window ended more than max_age ({_duration(pipeline.correction_max_age)}) ago, so "
+        return (f"{head}; the window ended more than max_age ({format_duration(pipeline.correction_max_age)}) ago, so "
                 f"it is not corrected automatically: `{command}` brings them in")
     return (f"{head}; corrections are auto: a cycle re-computes the window with them (oldest first, at most "
             f"{pipeline.max_corrections_per_run} per cycle)")
@@ -430,14 +431,6 @@ def _fmt(value: Number) -> str:
 
 def _rfc3339(value: datetime) -> str:
     return value.isoformat().replace("+00:00", "Z")
-
-
-def _duration(value: timedelta) -> str:
-    seconds = int(value.total_seconds())
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds and seconds % size == 0:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
 
 
 def _windows(windows: Sequence[Window]) -> str:
