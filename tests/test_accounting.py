@@ -311,7 +311,7 @@ def _land_readings(home: Path) -> None:
         "ops/dq_results:1",  # results written; no alert, ledger still `closed`
         "ops/alerts:1",  # alerts recorded (pending), ledger still `closed`: the rerun validates again
         "ops/window_ledger@sluice.ledger.dq:1",  # ledger `failed`, alerts pending, not delivered
-        "ops/alerts:2",  # delivered and marked: the rerun has nothing left to do
+        # (After the delivered mark nothing is left to do: tests/alerting/test_outbox.py covers re-delivery.)
     ],
 )
 def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_window_once(
@@ -329,6 +329,7 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
             **os.environ, "SLUICE_HOME": str(home), "SLUICE_NOW": READINGS_NOW, "PYSPARK_PYTHON": sys.executable,
             "SLUICE_PIPELINES": str(write_tutorial(tmp_path / "pipelines")),
             "AIRFLOW_CONN_SLUICE_WEBHOOK": json.dumps({"conn_type": "http", "host": webhook.url}),
+            "SLUICE_DATA_DOCS_URL": "https://airflow.example.com/sluice/docs",
         }
 
         def run(**extra: str) -> subprocess.CompletedProcess[str]:
@@ -339,13 +340,18 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
         assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-2000:]}"
         rerun = run()
         # Exit 2 when the rerun validated the failing windows itself; once the ledger holds their state, the
-        # rerun only delivers what is still pending, and its own checks found nothing failing.
+        # rerun only delivers what is still pending, and its own checks find nothing failing.
         revalidated = kill_after.startswith(("ops/dq_results", "ops/alerts:1"))
         assert rerun.returncode == (2 if revalidated else 0), rerun.stderr[-3000:]
 
         posts = webhook.posts()
     assert sorted(p["window_end"] for p in posts) == sorted(FAILING_ENDS), posts
     assert len({p["alert_id"] for p in posts}) == len(posts)
+    # Each alert links its window's Data Docs page by URL (under the configured base), never a server path.
+    for post in posts:
+        base = "https://airflow.example.com/sluice/docs/"
+        assert post["docs_url"].startswith(base), post["docs_url"]
+        assert (home / "data_docs" / post["docs_url"][len(base):]).is_file(), post["docs_url"]
     outbox = DeltaTable(str(home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
     assert sorted(r["alert_id"] for r in outbox) == sorted(p["alert_id"] for p in posts)
     assert {r["channels"] for r in outbox} == {"webhook"}
