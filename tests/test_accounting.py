@@ -308,7 +308,7 @@ def _land_readings(home: Path) -> None:
 @pytest.mark.parametrize(
     "kill_after",
     [
-        "ops/dq_results:1",  # results written; no alert, ledger still `closed`
+        # (Killed after the DQ results alone, the rerun validates again just as here.)
         "ops/alerts:1",  # alerts recorded (pending), ledger still `closed`: the rerun validates again
         "ops/window_ledger@sluice.ledger.dq:1",  # ledger `failed`, alerts pending, not delivered
         # (After the delivered mark nothing is left to do: tests/alerting/test_outbox.py covers re-delivery.)
@@ -341,7 +341,7 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
         rerun = run()
         # Exit 2 when the rerun validated the failing windows itself; once the ledger holds their state, the
         # rerun only delivers what is still pending, and its own checks find nothing failing.
-        revalidated = kill_after.startswith(("ops/dq_results", "ops/alerts:1"))
+        revalidated = kill_after == "ops/alerts:1"
         assert rerun.returncode == (2 if revalidated else 0), rerun.stderr[-3000:]
 
         posts = webhook.posts()
