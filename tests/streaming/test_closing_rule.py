@@ -118,3 +118,48 @@ def test_a_window_closes_in_the_cycle_where_the_minimum_of_the_stored_watermarks
     rows = [(r["ad_id"], r["impressions"], r["clicks"], r["ctr"]) for r in table(third, f"gold/{PIPELINE}")]
     assert rows == [("a1", 2, 1, 0.5)]
     assert [r.closed_by_watermark for r in read_ledger(third, PIPELINE)] == [at("06:30")]
+
+
+def _query_batches(settings: Settings) -> dict[str, int]:
+    """How many micro-batches each output's stateful query has planned (its checkpoint's offsets)."""
+    root = settings.checkpoints / "pipelines" / PIPELINE
+    return {output: len(list((root / output / "offsets").glob("[0-9]*")))
+            for output in ("ad_clicks_hourly", "unmatched_clicks_hourly")}
+
+
+def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_can(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 13: most scheduled cycles cannot close a window; they skip the stateful queries, whose next
+    run takes the deferred rows. The window they close is the one a backfill computes."""
+    settings = home(tmp_path, "home", 0)
+    land_boundary_data(settings)
+    first = cycle(spark, settings, PIPELINE, at("06:55"))
+    assert windows(first) == [(at("04:00"), at("05:00")), (at("05:00"), at("06:00"))]
+    ran = _query_batches(first)
+    assert all(ran.values()), ran
+
+    # W = min(06:40, 06:45) = 06:40: the closing boundary 06:10 is short of [06:00, 07:00)'s end.
+    land(settings, "impressions", "i2.jsonl", [imp("i4", "06:50", "a2")], at("07:00"))
+    land(settings, "clicks", "c2.jsonl", [click("k3", "i3", "06:55", "a2"), click("k4", "i0", "06:52")], at("07:00"))
+    second = cycle(spark, settings, PIPELINE, at("07:05"))
+    assert load_state(second, "impressions").watermark == at("06:40")
+    assert _query_batches(second) == ran, "the stateful queries must not run when no window can close"
+    assert windows(second) == windows(first)
+
+    # W = 07:35: [06:00, 07:00) closes, with the rows the second cycle left in bronze.
+    land(settings, "impressions", "i3.jsonl", [imp("i5", "07:45")], at("07:50"))
+    land(settings, "clicks", "c3.jsonl", [click("k5", "i5", "07:45")], at("07:50"))
+    third = cycle(spark, settings, PIPELINE, at("07:55"))
+    assert all(n > ran[o] for o, n in _query_batches(third).items())
+    assert windows(third)[-1] == (at("06:00"), at("07:00"))
+    rows = {r["ad_id"]: (r["impressions"], r["clicks"])
+            for r in table(third, f"gold/{PIPELINE}") if r["window_start"] == at("06:00")}
+    assert rows == {"a2": (2, 1)}  # i3 clicked twice (k2, k3) is one clicked impression; i4 none
+    unmatched = {(r["window_start"], r["ad_id"]): r["unmatched_clicks"]
+                 for r in table(third, "gold/unmatched_clicks_hourly")}
+    assert unmatched[(at("06:00"), "a1")] == 1  # k4: i0 is 2.5 h older, outside the join bound
+
+    before = (gold(third), gold(third, "unmatched_clicks_hourly"))
+    run_backfill(third, PIPELINE, at("06:00"), at("07:00"), spark=spark, deliver_alerts=False)
+    assert (gold(third), gold(third, "unmatched_clicks_hourly")) == before

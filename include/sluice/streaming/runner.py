@@ -264,6 +264,8 @@ class PipelineRunner:
         catchup = self.catch_up()
         boundaries = [b for b in (catchup.boundary if catchup else None, self.closed_through()) if b is not None]
         after = max(boundaries) if boundaries else None
+        if self._nothing_can_close(after):
+            return self.result
         # The outputs' queries run side by side: on small increments their time is mostly fixed latency
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
         # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
@@ -289,20 +291,39 @@ class PipelineRunner:
         self.close_final_windows(after)
         return self.result
 
+    def _nothing_can_close(self, after: datetime | None) -> bool:
+        """Whether this cycle can skip the stateful queries: no window ends in ``(after, W - bound]``.
+
+        Most scheduled cycles are like this (a 15-minute increment closes an hourly window one cycle in
+        four), and starting the queries, their state store commits and the no-data batch cost seconds each.
+        Deferring their rows is exact: Spark never writes a window before the closing rule makes it final,
+        and a later, larger batch only holds Spark's own watermark further back (nothing it keeps becomes
+        late). The queries take the deferred bronze versions in the cycle that can close a window."""
+        if after is None:
+            return False  # nothing closed yet: no boundary to compare with (the first cycles run fully)
+        boundary = closing_boundary(self.settings, self.pipeline)
+        if boundary is None or self._window_ends(after, boundary):
+            return False
+        log.info("%s: no window can close before the closing boundary passes %s (it is %s); the stateful "
+                 "queries will take this cycle's rows when one can", self.pipeline.name,
+                 self._next_end(after).isoformat(), boundary.isoformat())
+        return True
+
     # -- the batch close (see the module docstring) -----------------------------------------------------
-    def _window_ends(self, lo: datetime | None, hi: datetime) -> bool:
-        """Whether some window of the pipeline ends in ``(lo, hi]``."""
+    def _next_end(self, lo: datetime) -> datetime:
+        """The first end of a window of the pipeline after ``lo``."""
         window = self.pipeline.window
-        if lo is None:
-            return True
         slide_us = int(window.slide.total_seconds() * 1_000_000)
         size_us = int(window.size.total_seconds() * 1_000_000)
         epoch = datetime(1970, 1, 1, tzinfo=UTC)
-        # Ends are start + size with start on the slide grid: the first end after lo, and is it <= hi?
+        # Ends are start + size with start on the slide grid.
         lo_us = (lo - epoch) // timedelta(microseconds=1)
         k = (lo_us - size_us) // slide_us + 1
-        first_end = epoch + timedelta(microseconds=k * slide_us + size_us)
-        return first_end <= hi
+        return epoch + timedelta(microseconds=k * slide_us + size_us)
+
+    def _window_ends(self, lo: datetime | None, hi: datetime) -> bool:
+        """Whether some window of the pipeline ends in ``(lo, hi]``."""
+        return lo is None or self._next_end(lo) <= hi
 
     def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
         """Windows of gold ending after ``after``, with their row counts (metadata-sized: gold holds one row
