@@ -6,7 +6,10 @@ on 127.0.0.1. Nothing is mocked."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import subprocess
+import sys
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,6 +108,18 @@ class ScheduledRun:
     home: Path
     now: datetime
     dag_run: Any
+    orchestration_log: list[str]
+
+
+class _Messages(logging.Handler):
+    """The messages of sluice's Airflow glue (tasks run in-process under ``dag.test()``)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
 
 
 @pytest.fixture(scope="module")
@@ -121,8 +136,16 @@ def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Calla
         mp.setenv("SLUICE_NOW", rfc3339(now))
         options = GenerateOptions(hours=2, impressions_per_hour=300, streams=("impressions", "clicks"))
         generate(home / "landing", options)
-        dag_run = run_dag("ad_clicks_hourly", logical_date())
-    return ScheduledRun(home, now, dag_run)
+        glue, handler = logging.getLogger("sluice.orchestration"), _Messages()
+        level = glue.level
+        glue.addHandler(handler)
+        glue.setLevel(logging.INFO)
+        try:
+            dag_run = run_dag("ad_clicks_hourly", logical_date())
+        finally:
+            glue.removeHandler(handler)
+            glue.setLevel(level)
+    return ScheduledRun(home, now, dag_run, handler.messages)
 
 
 @pytest.mark.spark
@@ -148,6 +171,36 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     assert_dq_recorded(home, "ad_clicks_hourly", windows)
     assert (home / "data_docs" / "index.html").is_file()
     assert rows(home, "ops/alerts") == []
+    # One Spark application per run (issue 13): run_cycle validated what it closed; check_quality had
+    # nothing left and did not start Spark.
+    log = ad_clicks_scheduled.orchestration_log
+    assert any("nothing to check, Spark not started" in m for m in log), log
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1800)
+def test_check_quality_validates_the_windows_a_cycle_left_unchecked(
+    sluice_home: Any, run_dag: Callable[..., Any]
+) -> None:
+    """A cycle that closed windows without checking them (here ``sluice run --skip-quality``; in production a
+    run_cycle that failed after its close) leaves them ``closed``; the next DAG run's check_quality finds
+    them in the ledger and validates them in its own Spark application."""
+    home = sluice_home.home
+    sluice_home.generate(GenerateOptions(hours=2, events_per_hour=200, streams=("events",)))
+    cli = Path(sys.executable).parent / "sluice"
+    done = subprocess.run([str(cli), "run", "user_activity_hourly", "--skip-quality"], capture_output=True,
+                          text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert ledger(home, "user_activity_hourly") == {w: "closed" for w in hours(2)}
+
+    run = run_dag("user_activity_hourly", logical_date(), mark_success_pattern="^run_cycle$")
+    assert task_states(run) == {
+        "choose_path": "success", "run_cycle": "success", "check_quality": "success",
+        "reprocess_interval": "skipped", "send_alerts": "success",
+    }
+    assert ledger(home, "user_activity_hourly") == {w: "validated" for w in hours(2)}
+    assert_dq_recorded(home, "user_activity_hourly", hours(2))
 
 
 @pytest.mark.spark

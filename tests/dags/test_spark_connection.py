@@ -24,15 +24,15 @@ PIPELINE = "user_activity_hourly"
 
 
 def _submitted_master(dagbag: Any, logical_date: datetime, capfd: pytest.CaptureFixture[str]) -> str:
-    """Run the pipeline DAG's ``check_quality`` task for real (its other tasks marked successful) and
-    return the ``--master`` of the spark-submit command the provider logged."""
+    """Run the pipeline DAG's ``run_cycle`` task for real (its other tasks marked successful) and return
+    the ``--master`` of the spark-submit command the provider logged."""
     dag = copy.deepcopy(dagbag.dags[PIPELINE])
     for task in dag.tasks:
         task.retries = 0
-    run = dag.test(logical_date=logical_date, mark_success_pattern="^(run_cycle|send_alerts)$")
+    run = dag.test(logical_date=logical_date, mark_success_pattern="^(check_quality|send_alerts)$")
     out = capfd.readouterr()
     states = {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in run.get_task_instances()}
-    assert states["check_quality"] == "success", states
+    assert states["run_cycle"] == "success", states
     [master] = re.findall(r"spark-submit --master (\S+)", out.out + out.err)[:1] or ["<no spark-submit command logged>"]
     return master
 

@@ -221,6 +221,32 @@ def with_clock(env: dict[str, str], data_interval_end: datetime | None) -> dict[
     return {**env, "SLUICE_NOW": now}
 
 
+class SluiceCheckOperator(SluiceSparkSubmitOperator):
+    """``sluice check`` through spark-submit, only when it has work: ``run_cycle`` validates the windows it
+    closes inside its own Spark application, so a DAG run starts one JVM, not two. This task catches up
+    windows a failed or interrupted cycle left closed but not validated; finding none (the ledger, read
+    with delta-rs) it returns without starting Spark."""
+
+    template_fields = (*SluiceSparkSubmitOperator.template_fields, "pipeline")
+
+    def __init__(self, *, pipeline: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pipeline = pipeline
+
+    def execute(self, context: Any) -> None:
+        from sluice.config import load_settings
+        from sluice.storage.ledger import pending_windows
+
+        pending = pending_windows(load_settings(), self.pipeline)
+        if not pending:
+            log.info("every closed window of %s is validated (run_cycle checks the windows it closes); "
+                     "nothing to check, Spark not started", self.pipeline)
+            return None
+        log.info("%d window(s) of %s closed but not validated (from %s); validating them", len(pending),
+                 self.pipeline, rfc3339(min(pending)[0]))
+        return super().execute(context)
+
+
 class SluiceBackfillOperator(SluiceSparkSubmitOperator):
     """``sluice backfill`` through spark-submit (``application_args`` as for the one job entry point); when it
     succeeds, one Asset event per gold table of ``pipeline`` (templated), each carrying ``event_extra``
@@ -302,9 +328,10 @@ def _doc_md(pipeline: PipelineDef) -> str:
         "Scheduled and manual runs (the cycle; its clock, `SLUICE_NOW`, is the run's `data_interval_end` "
         "unless `SLUICE_NOW` is set, or the wall clock for a run without a data interval):\n\n"
         "1. **run_cycle** (one Spark application): ingest the pipeline's streams into bronze, quarantine and "
-        "DLQ, then the streaming queries (and the batch close) write the windows the watermark closed.\n"
-        "2. **check_quality**: Great Expectations on each newly closed window -> `ops/dq_results`, Data Docs, "
-        "ledger.\n\n"
+        "DLQ, then the streaming queries (and the batch close) write the windows the watermark closed, and "
+        "Great Expectations checks each of them -> `ops/dq_results`, Data Docs, ledger.\n"
+        "2. **check_quality**: validates windows a failed or interrupted cycle left closed but unchecked; "
+        "with none (the usual case) it ends without starting Spark.\n\n"
         "Backfill runs (`airflow backfill create --dag-id " + pipeline.name + " --from-date ... --to-date ...`, "
         "or *Run backfill* in the UI):\n\n"
         "1. **reprocess_interval**: `sluice backfill` of the windows whose start lies in the run's data "
@@ -386,13 +413,15 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
         run_cycle = SluiceSparkSubmitOperator(
             task_id=RUN_CYCLE,
             application=job(),
-            # Alerts the cycle raises (unreadable files, correction notices) go out with send_alerts.
-            application_args=["run", pipeline.name, "--skip-quality", "--no-deliver"],
+            # One Spark application per run: the cycle validates the windows it closes. Its alerts (failing
+            # windows, unreadable files, correction notices) go out with send_alerts, which fails the run.
+            application_args=["run", pipeline.name, "--no-deliver", "--no-fail-on-checks"],
             outlets=gold_assets(pipeline),
             clock_from_data_interval=True,
         )
-        check_quality = SluiceSparkSubmitOperator(
+        check_quality = SluiceCheckOperator(
             task_id=CHECK_QUALITY,
+            pipeline=pipeline.name,
             application=job(),
             application_args=["check", pipeline.name, "--no-deliver"],
             clock_from_data_interval=True,

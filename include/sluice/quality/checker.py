@@ -26,7 +26,14 @@ from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
-from sluice.storage.ledger import LedgerRow, next_version, read_ledger, replace_windows, write_ledger
+from sluice.storage.ledger import (
+    LedgerRow,
+    next_version,
+    pending_windows,
+    read_ledger,
+    replace_windows,
+    write_ledger,
+)
 
 log = logging.getLogger("sluice.quality")
 
@@ -124,11 +131,7 @@ class QualityChecker:
 
     def pending(self) -> list[Window]:
         """Windows closed but not yet validated (including any left over by an interrupted cycle)."""
-        return [
-            (r.window_start, r.window_end)
-            for r in read_ledger(self.settings, self.pipeline.name)
-            if r.state == "closed"
-        ]
+        return pending_windows(self.settings, self.pipeline.name)
 
     def check(
         self,

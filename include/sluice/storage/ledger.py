@@ -124,6 +124,11 @@ def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerR
     return sorted(rows, key=lambda r: r.key)
 
 
+def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:
+    """Windows of ``pipeline`` closed but not validated yet: one read of the ledger (delta-rs, no Spark)."""
+    return [(r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "closed"]
+
+
 def late_counts(
     spark: SparkSession, dlq_frames: Sequence[DataFrame], windows: Sequence[tuple[datetime, datetime]]
 ) -> dict[tuple[datetime, datetime], int]:
