@@ -331,6 +331,9 @@ def _airflow_base_url() -> str:
     try:
         from airflow.configuration import conf
 
+        from sluice.core.logsetup import reclaim_from_airflow
+
+        reclaim_from_airflow()  # importing Airflow pointed the logs at stdout
         return str(conf.get("api", "base_url", fallback="") or "http://localhost:8080")
     except Exception:  # Airflow not installed or not configured: the default of its config
         return "http://localhost:8080"

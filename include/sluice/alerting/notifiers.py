@@ -66,9 +66,12 @@ from airflow.providers.smtp.hooks.smtp import SmtpHook
 from airflow.sdk import BaseHook, BaseNotifier
 from airflow.sdk.exceptions import AirflowNotFoundException
 
+from sluice.core.logsetup import reclaim_from_airflow
+
 if TYPE_CHECKING:
     from airflow.sdk import Connection, Context
 
+reclaim_from_airflow()  # importing Airflow (above) pointed the logs at stdout
 log = logging.getLogger("sluice.alerts")
 
 WEBHOOK_CONN_ID = "sluice_webhook"

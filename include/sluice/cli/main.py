@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sluice.config import ConfigError, Settings, check_folder, load_settings
+from sluice.core import logsetup
 
 log = logging.getLogger("sluice")
 
@@ -98,42 +99,9 @@ class Output:
     data: dict[str, Any]
 
 
-class _Stderr:
-    """Whatever ``sys.stderr`` is at the time of each write (main() may run in a process that swaps it)."""
-
-    def write(self, text: str) -> int:
-        return sys.stderr.write(text)
-
-    def flush(self) -> None:
-        sys.stderr.flush()
-
-
-def setup_logging(verbose: bool = False, *, airflow: bool = False) -> None:
-    """Logs go to stderr, so stdout carries only the command's output. ``airflow``: the command will load
-    Airflow (alert delivery), whose import points the root logger at stdout; import it first, then take the
-    handlers back."""
-    if airflow:
-        try:
-            import airflow as _airflow  # noqa: F401
-            import structlog
-        except Exception:  # a broken Airflow install fails later, where it is used
-            pass
-        else:
-            # Airflow's structlog loggers (its notifiers and hooks log through them) write to sys.stdout
-            # unless their factory is given a stream.
-            factory: Any = structlog.get_config().get("logger_factory")
-            if getattr(factory, "io", False) is None:
-                factory.io = _Stderr()
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(levelname)-5s %(name)s: %(message)s",
-        datefmt="%H:%M:%S",
-        stream=_Stderr() if airflow else sys.stderr,
-        force=airflow,
-    )
-    # py4j narrates every callback at INFO; nobody running a pipeline wants that.
-    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+def setup_logging(verbose: bool = False) -> None:
+    """Logs go to stderr, so stdout carries only the command's output (see :mod:`sluice.core.logsetup`)."""
+    logsetup.configure(verbose)
 
 
 def warn(message: str) -> None:
@@ -424,7 +392,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--no-fail-on-checks", action="store_true",
                      help="exit 0 when windows fail their checks (still recorded and alerted; for the DAG)")
     _json_option(run)
-    run.set_defaults(func=cmd_run, loads_airflow=True)
+    run.set_defaults(func=cmd_run)
 
     check = _command(
         sub, "check", "validate closed windows that are not validated yet",
@@ -440,7 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
     check.add_argument("--strict", action="store_true", help="exit 2 when a window fails")
     _json_option(check)
-    check.set_defaults(func=cmd_check, loads_airflow=True)
+    check.set_defaults(func=cmd_check)
 
     ingest = _command(
         sub, "ingest", "ingest landing streams into bronze only",
@@ -477,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
     backfill.add_argument("--no-fail-on-checks", action="store_true",
                           help="exit 0 when windows fail their checks (still recorded and alerted; for the DAG)")
     _json_option(backfill)
-    backfill.set_defaults(func=cmd_backfill, loads_airflow=True)
+    backfill.set_defaults(func=cmd_backfill)
 
     status = _command(
         sub, "status", "watermarks, windows, row counts (no Spark, about a second)",
@@ -536,7 +504,7 @@ def build_parser() -> argparse.ArgumentParser:
         "advances; ends with where every record went. What `make run` shows, without Airflow.",
     )
     demo.add_argument("--now", help=argparse.SUPPRESS)
-    demo.set_defaults(func=cmd_demo, loads_airflow=True)
+    demo.set_defaults(func=cmd_demo)
     return parser
 
 
@@ -601,7 +569,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    setup_logging(args.verbose, airflow=getattr(args, "loads_airflow", False) or getattr(args, "deliver", False))
+    setup_logging(args.verbose)
     as_json = bool(getattr(args, "json", False))
     try:
         with _stdout_to_stderr(as_json):
