@@ -741,3 +741,36 @@ def test_replace_rows_swaps_selected_rows_sorted_in_one_commit(engine: RsDeltaEn
         ("a", h[0], 3), ("a", h[2], 20), ("b", h[1], 1), ("b", h[3], 4),
     ]
     assert _duckdb_rows(path) == _sorted(content)
+
+
+def test_read_small_table_reads_each_file_once_and_follows_the_snapshot(tmp_path: Path) -> None:
+    """Issue 13: ops tables are read many times per cycle and grow by a file per commit; each data file is
+    read once per process, and every read still returns exactly the latest snapshot (appends, a rewrite
+    that removes files, a column added)."""
+    from sluice.storage.engine import read_small_table
+
+    path = tmp_path / "ops"
+
+    def fresh() -> list[dict[str, Any]]:
+        return sorted(DeltaTable(str(path)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+
+    def cached() -> list[dict[str, Any]]:
+        data = read_small_table(path)
+        assert data is not None
+        return sorted(data.to_pylist(), key=lambda r: r["id"])
+
+    write_deltalake(str(path), pa.table({"id": [1, 2]}))
+    assert cached() == fresh() == [{"id": 1}, {"id": 2}]
+    first_file = Path(DeltaTable(str(path)).file_uris()[0])
+    original = first_file.read_bytes()
+    first_file.write_bytes(b"not parquet")  # a second read of this file would fail
+    try:
+        write_deltalake(str(path), pa.table({"id": [3]}), mode="append")
+        assert cached() == [{"id": 1}, {"id": 2}, {"id": 3}]
+    finally:
+        first_file.write_bytes(original)
+    assert cached() == fresh()
+    write_deltalake(str(path), pa.table({"id": [5]}), mode="overwrite")  # removes every earlier file
+    assert cached() == fresh() == [{"id": 5}]
+    write_deltalake(str(path), pa.table({"id": [6], "note": ["x"]}), mode="append", schema_mode="merge")
+    assert cached() == fresh() == [{"id": 5, "note": None}, {"id": 6, "note": "x"}]

@@ -27,10 +27,12 @@ from pyspark.sql import SparkSession
 
 from sluice.cli.main import build_parser, main
 from sluice.config import Settings, load_settings
+from sluice.ingest.landing import run_ingest
+from sluice.storage.dlq import dlq_paths
 from sluice.storage.engine import engine_for
 from sluice.storage.ledger import LedgerRow, parse_gold_versions, read_ledger
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
-from sluice.streaming.corrections import backfill_command, dlq_mark, dlq_paths, waiting_detail
+from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.streaming.cycle import CycleResult, run_cycle
 from support.lake import land, table
 from support.servers import (
@@ -273,6 +275,26 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
     assert {w: (r.state, r.late_waiting) for w, r in rows.items()} == {
         win("09:50"): ("reprocessed", 0), win("09:55"): ("amended", 1), win("10:00"): ("amended", 2),
         win("10:05"): ("amended", 1), win("10:10"): ("amended", 1)}
+
+    # Issue 13: the scan reads only the DLQ files added since it last ran (a file's counts per time bucket
+    # are kept): the DLQ files of 10:03 and 10:12 are made unreadable, and a reading at 10:21 still counts
+    # exactly.
+    dlq = settings.lake / "dlq/readings"
+    old_files = [Path(uri) for uri in DeltaTable(str(dlq)).file_uris()]
+    land_file(settings, ("late3.jsonl", "11:06", [reading(9, "d1", "10:21", 26.0, 84)]))
+    at_now = replace(settings, now_override=at("11:10"))
+    engine = engine_for(spark, at_now)
+    run_ingest(spark, at_now, engine, ["readings"])
+    saved = {f: f.read_bytes() for f in old_files}
+    try:
+        for f in old_files:
+            f.write_bytes(b"unreadable")
+        assert scan_amendments(spark, at_now, engine, at_now.pipeline(PIPELINE)) == [win("10:10")]
+    finally:
+        for f, data in saved.items():
+            f.write_bytes(data)
+    assert {w: (r.state, r.late_waiting, r.late_rows) for w, r in ledger(settings).items()}[win("10:10")] == (
+        "amended", 2, 2)
 
 
 # ------------------------------------------------------------------------------------------------ auto

@@ -25,6 +25,7 @@ from sluice.core.progress import progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
+from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import (
     LedgerRow,
@@ -266,20 +267,21 @@ class QualityChecker:
             gold_by_output[output.name] = rows
         checks = [(output, c) for output in self.pipeline.outputs for c in output.checks
                   if isinstance(c, Completeness)]
-        # One pass per stream over the window hours of bronze, one over its DLQ: record counts plus every
-        # completeness measure on that stream, for every window at once.
+        # One pass per stream over the window hours of bronze (and, for a backfill with the late records, its
+        # DLQ): record counts plus every completeness measure on that stream, for every window at once.
         bronze_measure: dict[tuple[str, Window], int] = {}
         records: dict[Window, int] = {}
-        late: dict[Window, int] = {}
+        # The pipeline's DLQ records per window, over its streams (only DLQ files not counted before are read).
+        late = dlq_counts(self.settings, self.pipeline, windows)
         for stream in self.pipeline.streams:
             spec = self.settings.stream(stream)
             on_stream = [(output, c) for output, c in checks if c.stream == stream]
             bronze = self.engine.read(
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
             ).filter(~F.col("is_heartbeat"))
-            dlq = self.engine.read(tables.dlq(spec).path(self.settings))
             source = bronze.select(*spec.fields).withColumn("_bronze", F.lit(1))
             if include_late:
+                dlq = self.engine.read(tables.dlq(spec).path(self.settings))
                 source = source.unionByName(dlq.select(*spec.fields).withColumn("_bronze", F.lit(0)))
             counted = {c.name + output.name: _internal(spec, c.distinct or spec.id_field) for output, c in on_stream}
             aggs = [F.sum("_bronze").alias("n")] + [
@@ -290,9 +292,6 @@ class QualityChecker:
                 records[w] = records.get(w, 0) + int(r["n"] or 0)
                 for i, key in enumerate(counted):
                     bronze_measure[(key, w)] = int(r[f"_m{i}"])
-            for r in _in_windows(dlq, windows).groupBy("_ws", "_we").count().collect():
-                w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
-                late[w] = late.get(w, 0) + int(r["count"])
         completeness: dict[Window, dict[str, tuple[int, int]]] = {}
         for window in windows:
             for output, check in checks:

@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -177,8 +178,27 @@ def read_small_table(
     files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
     if not files:
         return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
-    data = pq.read_table(files, schema=schema, columns=list(columns) if columns else None)
-    return data
+    data = pa.concat_tables(_file_tables(str(path), files, schema))
+    return data.select(list(columns)) if columns else data
+
+
+# Ops tables are read many times per cycle and grow by one small file per commit, so a cycle that re-read
+# every file would cost O(history). A Delta data file never changes once written, so each is read once per
+# process and kept (per table, only the files of its latest snapshot; keyed by the schema it was read with).
+_FILES: dict[str, dict[tuple[str, pa.Schema], pa.Table]] = {}
+_FILES_LOCK = threading.Lock()
+
+
+def _file_tables(table_path: str, files: Sequence[str], schema: pa.Schema) -> list[pa.Table]:
+    with _FILES_LOCK:
+        cached = _FILES.get(table_path, {})
+    missing = [f for f in files if (f, schema) not in cached]
+    read = {(f, schema): pq.read_table(f, schema=schema) for f in missing}
+    with _FILES_LOCK:
+        live = {(f, schema) for f in files}
+        current = {k: v for k, v in {**_FILES.get(table_path, {}), **read}.items() if k in live}
+        _FILES[table_path] = current
+    return [current[(f, schema)] for f in files]
 
 
 def merged_rows(
@@ -204,7 +224,9 @@ def merged_rows(
 
 
 def _stats_for(file: Path) -> str:
-    # numRecords lets Delta readers (and our own status) count rows without opening files.
+    # numRecords lets Delta readers (and our own status) count rows without opening files. No per-column
+    # bounds: delta-rs turns a column without them into a pyarrow guarantee that drops every row of the
+    # file from filtered reads (deltalake 1.6), so bounds are all or nothing, and strings are not worth it.
     meta = pq.read_metadata(file)
     return json.dumps({"numRecords": meta.num_rows})
 

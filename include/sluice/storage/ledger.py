@@ -21,12 +21,9 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.config import Settings
-from sluice.core.spark import collected_utc
 from sluice.storage.engine import (
     COMMIT_ATTEMPTS,
     CommitConflictError,
@@ -127,25 +124,6 @@ def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerR
 def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:
     """Windows of ``pipeline`` closed but not validated yet: one read of the ledger (delta-rs, no Spark)."""
     return [(r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "closed"]
-
-
-def late_counts(
-    spark: SparkSession, dlq_frames: Sequence[DataFrame], windows: Sequence[tuple[datetime, datetime]]
-) -> dict[tuple[datetime, datetime], int]:
-    """DLQ records per window so far (event_time in [start, end)), over the pipeline's streams."""
-    if not windows or not dlq_frames:
-        return {}
-    bounds = spark.createDataFrame(list(windows), "ws timestamp, we timestamp")
-    times = dlq_frames[0].select("event_time")
-    for frame in dlq_frames[1:]:
-        times = times.unionByName(frame.select("event_time"))
-    counted = (
-        times.join(F.broadcast(bounds), (F.col("event_time") >= F.col("ws")) & (F.col("event_time") < F.col("we")))
-        .groupBy("ws", "we")
-        .count()
-        .collect()
-    )
-    return {(collected_utc(r["ws"]), collected_utc(r["we"])): int(r["count"]) for r in counted}
 
 
 def replace_windows(

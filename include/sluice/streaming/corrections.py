@@ -11,7 +11,9 @@ validation, whose lateness check counts the DLQ itself.)
 
 * Cheap when nothing is new: the scan commits the ledger with an app transaction ``sluice.amend.<pipeline>``
   whose version is the sum of the pipeline's DLQ table versions (+1 each; that sum only grows), and skips
-  the Spark count while the DLQ tables are still at or below it.
+  the count while the DLQ tables are still at or below it.
+* Cheap when something is: no Spark job, and only the DLQ files added since the last scan are read (see
+  :mod:`sluice.storage.dlq`), so a cycle's scan does not grow with the history.
 * Crash-safe: the DLQ commit (ingest) and the amendment (ledger) are separate commits, but a rerun finds
   the DLQ versions above the recorded one and scans again; the scan compares counts with ``late_rows``,
   so scanning twice never counts a record twice.
@@ -52,13 +54,12 @@ from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import format_duration
 from sluice.quality.checker import QualityReport
-from sluice.storage import tables
+from sluice.storage.dlq import dlq_counts, dlq_paths
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import (
     SETTLED_STATES,
     WINDOW_LEDGER,
     LedgerRow,
-    late_counts,
     next_version,
     read_ledger,
     record_scan,
@@ -80,10 +81,6 @@ ROWS = "rows"  # the measure that counts a window's gold rows
 
 
 # -- the amendment scan ------------------------------------------------------------------------------------
-def dlq_paths(settings: Settings, pipeline: PipelineDef) -> dict[str, Path]:
-    return {s: tables.dlq(settings.stream(s)).path(settings) for s in pipeline.streams}
-
-
 def dlq_mark(paths: Mapping[str, Path]) -> int:
     """Sum over the DLQ tables of (Delta version + 1), 0 for one not created yet: grows with every DLQ commit,
     so it orders scans without keeping one version per stream."""
@@ -106,8 +103,7 @@ def scan_amendments(spark: SparkSession, settings: Settings, engine: DeltaEngine
         log.debug("%s: no DLQ commit since the last amendment scan", pipeline.name)
         return []
     settled = [r for r in read_ledger(settings, pipeline.name) if r.state in SETTLED_STATES]
-    frames = [engine.read(p) for p in paths.values() if DeltaTable.is_deltatable(str(p))]
-    counts = late_counts(spark, frames, [r.window for r in settled]) if settled and frames else {}
+    counts = dlq_counts(settings, pipeline, [r.window for r in settled]) if settled else {}
     amended = amend(pipeline, settled, counts, settings.now())
     if amended:
         write_ledger(settings, engine, amended, app_id=app, version=mark)

@@ -1,11 +1,15 @@
 """One full cycle of a pipeline: ingest its streams, flag closed windows that late records landed for,
 aggregate (close new windows), correct amended windows (``corrections: auto``), and check new windows.
 
-Shared by ``sluice run`` and the Airflow tasks so that both behave identically.
+Shared by ``sluice run`` and the DAG's ``run_cycle`` task (one Spark application per DAG run: the cycle
+checks the windows it closes) so that both behave identically.
 
 Corrections validate the windows they rewrite themselves, like backfills, so they run with
-``check_quality=False`` too (the DAG's ``run_cycle`` task). Their failures are recorded and alerted either
+``check_quality=False`` too (``sluice run --skip-quality``). Their failures are recorded and alerted either
 way; they count in the cycle's quality report and exit code only when the cycle checks quality itself.
+
+A cycle whose new records cannot close a window (most 15-minute cycles of hourly windows) runs neither the
+stateful queries (see :meth:`PipelineRunner.can_close`) nor the data-quality set-up.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
 from sluice.storage.engine import engine_for
 from sluice.streaming.corrections import CorrectionReport, run_corrections, scan_amendments
-from sluice.streaming.runner import AggregateResult, run_pipeline
+from sluice.streaming.runner import AggregateResult, PipelineRunner
 
 log = logging.getLogger("sluice.cycle")
 
@@ -109,10 +113,11 @@ def run_cycle(
             raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
         # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
         amended = scan_amendments(spark, settings, engine, definition)
-        if check_quality and any(b.accepted for rows in batches.values() for b in rows):
+        runner = PipelineRunner(spark, settings, engine, definition)
+        if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
-        aggregate = run_pipeline(spark, settings, engine, definition)
+        aggregate = runner.run()
         corrections = run_corrections(spark, settings, engine, definition, deliver_alerts=deliver_alerts)
         if check_quality:
             log.info("cycle %s: checking data quality", pipeline)

@@ -56,8 +56,9 @@ from sluice.core.spark import collected_utc
 from sluice.core.windows import WindowSpec, spark_interval
 from sluice.ingest.landing import load_state
 from sluice.storage import tables
+from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, late_counts, next_version, read_ledger, write_ledger
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, next_version, read_ledger, write_ledger
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -264,7 +265,9 @@ class PipelineRunner:
         catchup = self.catch_up()
         boundaries = [b for b in (catchup.boundary if catchup else None, self.closed_through()) if b is not None]
         after = max(boundaries) if boundaries else None
-        if self._nothing_can_close(after):
+        if after is not None and not self.can_close(after):
+            log.info("%s: no window can close before the closing boundary passes %s; the stateful queries "
+                     "will take this cycle's rows when one can", self.pipeline.name, self._next_end(after).isoformat())
             return self.result
         # The outputs' queries run side by side: on small increments their time is mostly fixed latency
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
@@ -291,23 +294,26 @@ class PipelineRunner:
         self.close_final_windows(after)
         return self.result
 
-    def _nothing_can_close(self, after: datetime | None) -> bool:
-        """Whether this cycle can skip the stateful queries: no window ends in ``(after, W - bound]``.
+    def can_close(self, after: datetime | None) -> bool:
+        """Whether a window may close this cycle: one ends in ``(after, W - lateness_bound]`` (True when
+        nothing has closed yet, so there is no ``after`` to compare with). Metadata only.
 
-        Most scheduled cycles are like this (a 15-minute increment closes an hourly window one cycle in
-        four), and starting the queries, their state store commits and the no-data batch cost seconds each.
-        Deferring their rows is exact: Spark never writes a window before the closing rule makes it final,
-        and a later, larger batch only holds Spark's own watermark further back (nothing it keeps becomes
-        late). The queries take the deferred bronze versions in the cycle that can close a window."""
+        Most scheduled cycles cannot (a 15-minute increment closes an hourly window one cycle in four), and
+        they skip the stateful queries: starting them, their state store commits and the no-data batch cost
+        seconds each. Deferring their rows is exact: Spark never writes a window before the closing rule
+        makes it final, and a later, larger batch only holds Spark's own watermark further back (nothing it
+        keeps becomes late). The queries take the deferred bronze versions in the cycle that can close."""
         if after is None:
-            return False  # nothing closed yet: no boundary to compare with (the first cycles run fully)
+            return True
         boundary = closing_boundary(self.settings, self.pipeline)
-        if boundary is None or self._window_ends(after, boundary):
-            return False
-        log.info("%s: no window can close before the closing boundary passes %s (it is %s); the stateful "
-                 "queries will take this cycle's rows when one can", self.pipeline.name,
-                 self._next_end(after).isoformat(), boundary.isoformat())
-        return True
+        return boundary is None or self._window_ends(after, boundary)
+
+    def may_close(self) -> bool:
+        """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
+        marker = self.catchup_marker
+        if marker.exists() and not CatchUp.from_json(marker.read_text()).done:
+            return True
+        return self.can_close(self.closed_through())
 
     # -- the batch close (see the module docstring) -----------------------------------------------------
     def _next_end(self, lo: datetime) -> datetime:
@@ -327,7 +333,7 @@ class PipelineRunner:
 
     def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
         """Windows of gold ending after ``after``, with their row counts (metadata-sized: gold holds one row
-        per window and key, and its files are pruned by their window_end statistics)."""
+        per window and key)."""
         path = output.path(self.settings)
         if not DeltaTable.is_deltatable(str(path)):
             return {}
@@ -577,10 +583,7 @@ class PipelineRunner:
         """Ledger rows for windows this batch closed. A pipeline with several outputs shares one ledger row
         per window; the first output to close it creates the row, later ones add their rows."""
         existing = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, self.pipeline.name)}
-        dlq = [
-            self.engine.read(tables.dlq(self.settings.stream(s)).path(self.settings)) for s in self.pipeline.streams
-        ]
-        late = late_counts(self.spark, dlq, list(counts))
+        late = dlq_counts(self.settings, self.pipeline, list(counts))
         now = self.settings.now()
         rows = []
         for window, n in sorted(counts.items()):
@@ -640,9 +643,3 @@ def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(text)
     tmp.replace(path)
-
-
-def run_pipeline(
-    spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef
-) -> AggregateResult:
-    return PipelineRunner(spark, settings, engine, pipeline).run()
