@@ -13,6 +13,12 @@ repeated ``--repeat`` times:
   empty_cycle        ``sluice run`` on an empty landing zone (fresh home)
   empty_job          bench/empty_job.py: SparkSession + one trivial job, nothing else
 
+and, first and once per invocation, the steady state (README, "Steady state"): a day of history caught up
+(``catchup_cycle``, ``catchup_bare``), then 8 increments of 15 min, each landed and run through ``sluice run``
+(``incr_cycle``) and the bare job from its warm checkpoint (``incr_bare``), back to back; the next increment
+through one ``airflow dags test`` (``dag_run``) vs one ``spark-submit`` of the bare job (``bare_submit``); and
+4 increments after 7 days vs after 1 day of history at 1/8 of the rate (``incr_long_hist`` / ``incr_short_hist``).
+
 Peak memory is the max over 0.2 s samples of the summed RSS of the process tree (Python, JVM, Python
 workers). The sluice cycle's stages (start-up, ingest, aggregate, data quality, tear-down) come from its
 log lines, time-stamped as they arrive on stderr.
@@ -20,9 +26,10 @@ log lines, time-stamped as they arrive on stderr.
     .venv/bin/python bench/run.py                 # 1M impressions (+~10% clicks), repeat 3
     .venv/bin/python bench/run.py --smoke         # 5k impressions, repeat 1 (CI)
     .venv/bin/python bench/run.py --scaling       # also 0.25M / 1M / 4M for the cycle and bare Spark
+    .venv/bin/python bench/run.py --steady-only   # only the steady state (--skip-steady: everything else)
 
 The last line is always ``bench: cycle/bare_spark=<r> backfill/spark_batch=<r> empty_cycle_s=<s>
-events_per_s=<n>``.
+events_per_s=<n> incr_cycle_s=<s> incr/bare_spark=<r> history_ratio=<r> dag_run/bare_submit=<r>``.
 """
 
 from __future__ import annotations
@@ -64,9 +71,31 @@ CHUNK_HOURS = 24  # the generator holds a chunk in memory; larger sizes are gene
 SAMPLE_S = 0.2
 SCALING_SIZES = (250_000, 1_000_000, 4_000_000)
 MAIN_STAGES = ("bare_spark", "cycle", "backfill", "noop_cycle", "spark_batch", "duckdb", "empty_cycle", "empty_job")
+# Steady state (README, "Steady state"): 15-minute increments on homes that already hold a caught-up history.
+STEADY_STAGES = (
+    "catchup_cycle", "catchup_bare",  # untimed for the ratios: the day of history, caught up once
+    "incr_cycle", "incr_bare",  # each increment through `sluice run` and through the bare job (warm checkpoint)
+    "airflow_migrate", "dag_run", "bare_submit",  # `airflow dags test` of one increment vs one spark-submit
+    "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist",  # history_ratio
+)
+# The `sluice run`/`backfill` stages whose log lines give a per-stage breakdown (the markdown's second table).
+SLUICE_STAGES = ("cycle", "noop_cycle", "empty_cycle", "backfill", "catchup_cycle", "incr_cycle",
+                 "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist")
+STEADY_RESULTS = ("incr_cycle_s", "incr/bare_spark", "history_ratio", "dag_run/bare_submit")  # final-line fields
+INCREMENT_MINUTES = 15
+# The generator lands a file 1-2 min after its slice ends, so "now" = end of the data landed so far + 2 min:
+# every landed file has arrived by then, and no stream is idle (idle_timeout 30 min), so no heartbeat moves a
+# watermark and windows close on the data alone: one hourly window every 4 increments.
+NOW_MARGIN = timedelta(minutes=2)
+INCREMENT_SLOTS = 12  # increments generated per span (cached once): room for --increments 8 plus the DAG runs
+HISTORY_HOURS = (24, 168)  # history_ratio: 1 day vs 7 days (smoke: SMOKE_HISTORY_HOURS)
+SMOKE_HISTORY_HOURS = (1, 3)
+_NUM = r"(?:[0-9.]+|nan)"  # a stage that was skipped (--skip-steady, --steady-only) or failed reports nan
 FINAL_RE = re.compile(
-    r"^bench: cycle/bare_spark=(?P<cycle>[0-9.]+) backfill/spark_batch=(?P<backfill>[0-9.]+) "
-    r"empty_cycle_s=(?P<empty>[0-9.]+) events_per_s=(?P<eps>[0-9]+)$"
+    rf"^bench: cycle/bare_spark=(?P<cycle>{_NUM}) backfill/spark_batch=(?P<backfill>{_NUM}) "
+    rf"empty_cycle_s=(?P<empty>{_NUM}) events_per_s=(?P<eps>[0-9]+) incr_cycle_s=(?P<incr>{_NUM}) "
+    rf"incr/bare_spark=(?P<incr_bare>{_NUM}) history_ratio=(?P<history>{_NUM}) "
+    rf"dag_run/bare_submit=(?P<dag>{_NUM})$"
 )
 
 
@@ -135,7 +164,7 @@ def ensure_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
 
 def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     """Generate the landing files once per size (cached under ``root``) with the product's generator."""
-    from sluice_tools.generate import DEFAULT_START, GenerateOptions, generate
+    from sluice_tools.generate import DEFAULT_START
 
     hours, per_hour = _shape(events, smoke)
     target, cached = _cached(events, root, smoke)
@@ -150,17 +179,7 @@ def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     lines: dict[str, int] = {}
     files: dict[str, int] = {}
     accepted: dict[str, int] = {}
-    for chunk in range(math.ceil(hours / CHUNK_HOURS)):
-        chunk_hours = min(CHUNK_HOURS, hours - chunk * CHUNK_HOURS)
-        options = GenerateOptions(
-            start=DEFAULT_START + timedelta(hours=chunk * CHUNK_HOURS),
-            hours=chunk_hours,
-            impressions_per_hour=per_hour,
-            click_rate=0.1,
-            streams=("impressions", "clicks"),
-            file_minutes=FILE_MINUTES,
-        )
-        manifest = generate(landing, options)
+    for manifest in _generate_chunks(landing, DEFAULT_START, hours, per_hour, FILE_MINUTES):
         for name, stream in manifest.streams.items():
             lines[name] = lines.get(name, 0) + stream.lines
             files[name] = files.get(name, 0) + stream.files
@@ -183,8 +202,106 @@ def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     return data
 
 
+def _generate_chunks(landing: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Any:
+    """The product's generator over ``hours`` from ``start``, a day (CHUNK_HOURS) per call: yields each
+    chunk's manifest. Chunks are independent (late records and cross-file duplicates stay inside a chunk),
+    which keeps the generator's memory bounded and never makes an on-time record late at a chunk boundary."""
+    from sluice_tools.generate import GenerateOptions, generate
+
+    for chunk in range(math.ceil(hours / CHUNK_HOURS)):
+        options = GenerateOptions(
+            start=start + timedelta(hours=chunk * CHUNK_HOURS),
+            hours=min(CHUNK_HOURS, hours - chunk * CHUNK_HOURS),
+            impressions_per_hour=per_hour,
+            click_rate=0.1,
+            streams=("impressions", "clicks"),
+            file_minutes=file_minutes,
+        )
+        yield generate(landing, options)
+
+
+@dataclass
+class Span:
+    """Cached traffic of ``hours`` from ``start`` in ``file_minutes`` files, with every file's event-time slice
+    and line count, so that the steady-state stages can land it piece by piece (a history, then increments)."""
+
+    start: str
+    hours: float
+    impressions_per_hour: int
+    file_minutes: int
+    landing: str
+    files: dict[str, list[dict[str, Any]]] = field(default_factory=dict)  # stream -> files in arrival order
+    generate_s: float = 0.0
+
+    def select(self, lo: datetime, hi: datetime) -> dict[str, list[dict[str, Any]]]:
+        """Per stream, the files whose event-time slice lies in ``[lo, hi)``."""
+        return {
+            stream: [f for f in files if lo <= _parse_ts(f["event_start"]) and _parse_ts(f["event_end"]) <= hi]
+            for stream, files in self.files.items()
+        }
+
+    def land(self, lo: datetime, hi: datetime, *landings: Path) -> int:
+        """Copy the files of ``[lo, hi)`` into each ``landing/<stream>/`` (``copy2`` keeps the modification
+        time, i.e. the arrival time); return the lines landed (in each)."""
+        lines = 0
+        for stream, files in self.select(lo, hi).items():
+            for landing in landings:
+                (landing / stream).mkdir(parents=True, exist_ok=True)
+                for f in files:
+                    shutil.copy2(Path(self.landing) / stream / f["name"], landing / stream / f["name"])
+            lines += sum(f["lines"] for f in files)
+        if not lines:
+            raise RuntimeError(f"no generated file in [{_ts(lo)}, {_ts(hi)}) under {self.landing}")
+        return lines
+
+
+def _span_dir(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Path:
+    return root / f"ad_clicks-v{DATA_VERSION}-span-{start:%Y%m%dT%H%M}-h{hours:g}-r{per_hour}-f{file_minutes}"
+
+
+def ensure_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Span:
+    """The cached span, generated first if needed (in a subprocess, as for ``ensure_dataset``)."""
+    marker = _span_dir(root, start, hours, per_hour, file_minutes) / "span.json"
+    if not marker.exists():
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--task", "span", "--data-dir", str(root),
+               "--span", json.dumps({"start": _ts(start), "hours": hours, "per_hour": per_hour,
+                                     "file_minutes": file_minutes})]
+        subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
+    return Span(**json.loads(marker.read_text()))
+
+
+def generate_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Span:
+    target = _span_dir(root, start, hours, per_hour, file_minutes)
+    if (target / "span.json").exists():
+        return Span(**json.loads((target / "span.json").read_text()))
+    partial = root / f"{target.name}.partial-{os.getpid()}"
+    shutil.rmtree(partial, ignore_errors=True)
+    log(f"generating {hours:g} h from {_ts(start)} at {per_hour:,} impressions/h ({file_minutes}-min files) "
+        f"-> {target}")
+    started = time.monotonic()
+    files: dict[str, list[dict[str, Any]]] = {}
+    for manifest in _generate_chunks(partial / "landing", start, hours, per_hour, file_minutes):
+        for name, stream in manifest.streams.items():
+            files.setdefault(name, []).extend(
+                {"name": f.name, "event_start": _ts(f.event_start), "event_end": _ts(f.event_end),
+                 "arrival": _ts(f.arrival), "lines": f.lines}
+                for f in stream.file_details
+            )
+    span = Span(start=_ts(start), hours=hours, impressions_per_hour=per_hour, file_minutes=file_minutes,
+                landing=str(target / "landing"), files=files, generate_s=round(time.monotonic() - started, 1))
+    (partial / "span.json").write_text(json.dumps(asdict(span), indent=1))
+    shutil.rmtree(target, ignore_errors=True)
+    partial.rename(target)
+    log(f"generated {sum(f['lines'] for fs in files.values() for f in fs):,} lines in {span.generate_s:.0f}s")
+    return span
+
+
 def _ts(value: datetime) -> str:
     return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_ts(value: str) -> datetime:
+    return datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 # ------------------------------------------------------------------------------------- measured runs
@@ -379,6 +496,69 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
     return d
 
 
+# What `airflow dags test` logs per task (Airflow 3's dag.test()); matched anywhere in the line.
+DAG_TASKS = ("choose_path", "run_cycle", "check_quality", "send_alerts")
+DAG_RE = {
+    "start": re.compile(r"\[DAG TEST\] starting task_id=(\w+)"),
+    "end": re.compile(r"\[DAG TEST\] end task task_id=(\w+)"),
+    "success": re.compile(r"\bnew_state=success\b"),
+    "run_ok": re.compile(r"Marking run <DagRun .*> successful"),
+    "cycle": re.compile(r"sluice run \S+: (\d+) batch\(es\) in ([0-9.]+)s"),
+}
+
+
+def parse_dag(out: list[tuple[float, str]], err: list[tuple[float, str]], wall: float) -> dict[str, Any]:
+    """Per-task wall times of an `airflow dags test` run from the arrival times of its log lines, which
+    tasks reported success, and the sluice cycle's own timer (printed by the run_cycle task's spark-submit).
+    ``startup``: until the first task starts (Airflow imports, DAG parsing, serialisation, the run row)."""
+    d: dict[str, Any] = {"tasks_s": {}, "tasks_succeeded": [], "run_succeeded": False}
+    started: dict[str, float] = {}
+    current = None
+    first = last = None
+    for ts, line in sorted([*err, *out], key=lambda item: item[0]):
+        if m := DAG_RE["start"].search(line):
+            current = m.group(1)
+            started[current] = ts
+            first = ts if first is None else first
+        elif m := DAG_RE["end"].search(line):
+            if m.group(1) in started:
+                d["tasks_s"][m.group(1)] = round(ts - started[m.group(1)], 2)
+            last = ts
+        elif DAG_RE["success"].search(line) and current and current not in d["tasks_succeeded"]:
+            d["tasks_succeeded"].append(current)
+        elif DAG_RE["run_ok"].search(line):
+            d["run_succeeded"] = True
+        elif m := DAG_RE["cycle"].search(line):
+            d["in_process_s"] = float(m.group(2))
+    if first is not None and last is not None:
+        d["stages"] = {"startup": round(first, 2), **d["tasks_s"], "teardown": round(wall - last, 2)}
+    return d
+
+
+def home_state(home: Path) -> dict[str, Any]:
+    """Untimed, in a subprocess: ingest batches per stream and ledger windows per state of a SLUICE_HOME."""
+    done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--task", "state", "--path", str(home)],
+                          cwd=REPO, capture_output=True, text=True)
+    try:
+        return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+    except (IndexError, ValueError):
+        return {"error": done.stderr.strip()[-300:]}
+
+
+def read_home_state(home: Path) -> dict[str, Any]:
+    from deltalake import DeltaTable
+
+    lake = home / "lake"
+    batches = DeltaTable(str(lake / "ops" / "ingest_batches")).to_pyarrow_table(columns=["stream"])
+    ledger = DeltaTable(str(lake / "ops" / "window_ledger")).to_pyarrow_table(columns=["state"])
+    return {"ingest_batches": _counts(batches.column("stream").to_pylist()),
+            "ledger": _counts(ledger.column("state").to_pylist())}
+
+
+def _counts(values: list[Any]) -> dict[str, int]:
+    return {str(v): values.count(v) for v in sorted(set(values), key=str)}
+
+
 # ---------------------------------------------------------------------------------------------- bench
 
 
@@ -399,6 +579,8 @@ class Bench:
         self.checks: dict[str, dict[str, dict[str, int]]] = {}
         self.started = time.monotonic()
         self.rounds_done = 0
+        self.steady_s: float | None = None
+        self.steady_info: dict[str, Any] = {}  # the steady state's parameters, for the report
         self.notes: list[str] = []
 
     @staticmethod
@@ -518,7 +700,9 @@ class Bench:
     def _check(self, stage: str, data: Dataset, kind: str, base: Path) -> None:
         """Output totals (untimed, in a subprocess), once per stage and size, so readers see every engine
         did the same work."""
-        key = f"{stage}@{data.events}"
+        self._check_key(f"{stage}@{data.events}", kind, base)
+
+    def _check_key(self, key: str, kind: str, base: Path) -> None:
         if key in self.checks:
             return
         done = subprocess.run(
@@ -577,6 +761,171 @@ class Bench:
                 else:
                     self.sluice_chain(data, rep, with_backfill=False)
                     self.bare_spark(data, rep)
+
+    # -- steady state (once per invocation; see the README, "Steady state") -----------------------------
+    def steady_state(self, ref: Dataset) -> None:
+        """15-min increments after a caught-up day (sluice vs the bare job, interleaved), one scheduled DAG
+        run vs one spark-submit on the same homes, then increments after a short vs a long history."""
+        started = time.monotonic()
+        self.steady_info.update(increments=self.args.increments, history_h=ref.hours,
+                                rate=ref.impressions_per_hour, dag_runs=self.args.dag_runs,
+                                history_increments=self.args.history_increments,
+                                now_margin_min=NOW_MARGIN.total_seconds() / 60)
+        self.incremental(ref)
+        self.history_ratio(ref)
+        self.steady_s = round(time.monotonic() - started, 1)
+        self.notes.append(f"steady state: {self.steady_s:.0f}s, run once before the main rounds (--skip-steady "
+                          f"skips it, --steady-only runs only it)")
+        log(self.notes[-1])
+
+    def incremental(self, ref: Dataset) -> None:
+        """incr_cycle vs incr_bare: the reference data set (a day at the reference rate) caught up once by
+        each side, then the same 15-min increments landed into both and run increment by increment."""
+        args = self.args
+        end = _parse_ts(ref.end)
+        rate = ref.impressions_per_hour
+        increments = ensure_span(self.data_root(), end, INCREMENT_SLOTS * INCREMENT_MINUTES / 60, rate,
+                                 INCREMENT_MINUTES)
+        per_increment = round(rate * INCREMENT_MINUTES / 60)
+        home = self.fresh_home(ref, "steady")
+        bare = self.work / "homes" / "steady-bare"
+        shutil.rmtree(bare, ignore_errors=True)
+        shutil.copytree(ref.landing, bare / "landing", copy_function=shutil.copy2)
+        # The catch-up's now is the history's end + the margin, not + 2 h as for `cycle`: a heartbeat would
+        # push the watermark past the increments to come and send them all to the DLQ.
+        history = {"lines": ref.total_lines, "history_h": ref.hours}
+        self._sluice_run("catchup_cycle", ref.events, 0, home, end + NOW_MARGIN, history)
+        self._bare_run("catchup_bare", ref.events, 0, bare, history)
+        for i in range(args.increments):
+            lo = end + timedelta(minutes=INCREMENT_MINUTES * i)
+            hi = lo + timedelta(minutes=INCREMENT_MINUTES)
+            details = {"lines": increments.land(lo, hi, home / "landing", bare / "landing"),
+                       "history_h": ref.hours, "increment": i, "now": _ts(hi + NOW_MARGIN)}
+            # Interleaved, and alternating which side goes first, so that machine noise hits both.
+            for side in ("sluice", "bare") if i % 2 == 0 else ("bare", "sluice"):
+                if side == "sluice":
+                    self._sluice_run("incr_cycle", per_increment, i, home, hi + NOW_MARGIN, details)
+                else:
+                    self._bare_run("incr_bare", per_increment, i, bare, details)
+        self._check_key("incr_cycle@steady", "delta", home / "lake" / "gold")
+        self._check_key("incr_bare@steady", "parquet", bare / "out")
+        first = end + timedelta(minutes=INCREMENT_MINUTES * args.increments)
+        self.dag_runs(home, bare, increments, first, per_increment, ref.hours + args.increments / 4)
+        if not args.keep:
+            shutil.rmtree(home, ignore_errors=True)
+            shutil.rmtree(bare, ignore_errors=True)
+
+    def dag_runs(self, home: Path, bare: Path, increments: Span, start: datetime, per_increment: int,
+                 history_h: float) -> None:
+        """dag_run vs bare_submit: the next increment(s) through one scheduled run of the pipeline's DAG
+        (`airflow dags test`, a fresh AIRFLOW_HOME) and through one `spark-submit` of the bare job, on the
+        homes the increments left (warm checkpoints)."""
+        if not self.args.dag_runs:
+            return
+        bindir = Path(sys.executable).parent
+        env = self.airflow_env()
+        migrate = self.record("airflow_migrate", 0, 0, [str(bindir / "airflow"), "db", "migrate"], env=env)
+        if migrate.rc:
+            return
+        for j in range(self.args.dag_runs):
+            lo = start + timedelta(minutes=INCREMENT_MINUTES * j)
+            hi = lo + timedelta(minutes=INCREMENT_MINUTES)
+            now = _ts(hi + NOW_MARGIN)
+            details: dict[str, Any] = {"lines": increments.land(lo, hi, home / "landing", bare / "landing"),
+                                       "history_h": history_h, "increment": j, "now": now}
+            for side in ("dag", "bare") if j % 2 == 0 else ("bare", "dag"):
+                if side == "bare":
+                    self._bare_run("bare_submit", per_increment, j, bare, details, submit=True)
+                    continue
+                before = home_state(home)
+                # The logical date is `now` itself: the run's data interval ends at the last 15-min tick
+                # before it (the increment's end). SLUICE_NOW wins over the interval (factory.with_clock), so
+                # the DAG's clock is exactly the CLI cycles' clock.
+                run = self.record("dag_run", per_increment, j,
+                                  [str(bindir / "airflow"), "dags", "test", PIPELINE, now],
+                                  env={**env, "SLUICE_HOME": str(home), "SLUICE_NOW": now}, parser=parse_dag)
+                after = home_state(home)
+                run.details.update(details, state_before=before, state_after=after)
+                self._verify_dag_run(run, before, after)
+
+    def _verify_dag_run(self, run: Run, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """Exit code 0 is not enough: the run must have ingested the increment (one more ingest batch per
+        stream) and its tasks must say they succeeded."""
+        grew = {s: after.get("ingest_batches", {}).get(s, 0) - before.get("ingest_batches", {}).get(s, 0)
+                for s in ("impressions", "clicks")}
+        run.details["ingested_batches"] = grew
+        problems = [f"no new ingest batch for {s}" for s, n in grew.items() if n < 1]
+        missing = [t for t in DAG_TASKS if t not in run.details.get("tasks_succeeded", [])]
+        if missing:
+            problems.append(f"task(s) not reported successful: {', '.join(missing)}")
+        if run.rc == 0 and problems:
+            run.rc = 1
+            run.stderr_tail = "bench: " + "; ".join(problems)
+            log(f"dag_run exited 0 but: {run.stderr_tail}")
+
+    def history_ratio(self, ref: Dataset) -> None:
+        """incr_long_hist vs incr_short_hist: the same increments after 7 days vs 1 day of history (smoke: 3 h
+        vs 1 h), at 1/--history-rate-divisor of the reference rate so that the catch-ups stay affordable."""
+        args = self.args
+        rate = max(1, ref.impressions_per_hour // args.history_rate_divisor)
+        per_increment = round(rate * INCREMENT_MINUTES / 60)
+        hours = SMOKE_HISTORY_HOURS if args.smoke else HISTORY_HOURS
+        self.steady_info.update(history_rate=rate, history_hours=list(hours))
+        start = _parse_ts(ref.start)
+        # One span serves both homes: its first day is generated on its own (generation goes a day at a
+        # time), so the short home holds exactly that, and its increments are the next day's first files.
+        span = ensure_span(self.data_root(), start, hours[-1] + INCREMENT_SLOTS * INCREMENT_MINUTES / 60, rate,
+                           INCREMENT_MINUTES)
+        homes: dict[str, tuple[Path, datetime, int]] = {}
+        for label, h in zip(("short", "long"), hours, strict=True):
+            home = self.fresh_home(None, f"history-{label}")
+            end = start + timedelta(hours=h)
+            lines = span.land(start, end, home / "landing")
+            self._sluice_run(f"catchup_{label}_hist", rate * h, 0, home, end + NOW_MARGIN,
+                             {"lines": lines, "history_h": h})
+            homes[label] = (home, end, h)
+        for i in range(args.history_increments):
+            for label in ("short", "long") if i % 2 == 0 else ("long", "short"):
+                home, end, h = homes[label]
+                lo = end + timedelta(minutes=INCREMENT_MINUTES * i)
+                hi = lo + timedelta(minutes=INCREMENT_MINUTES)
+                details = {"lines": span.land(lo, hi, home / "landing"), "history_h": h, "increment": i,
+                           "now": _ts(hi + NOW_MARGIN)}
+                self._sluice_run(f"incr_{label}_hist", per_increment, i, home, hi + NOW_MARGIN, details)
+        if not args.keep:
+            for home, _end, _h in homes.values():
+                shutil.rmtree(home, ignore_errors=True)
+
+    def _sluice_run(self, stage: str, events: int, rep: int, home: Path, now: datetime,
+                    details: dict[str, Any]) -> Run:
+        run = self.record(stage, events, rep, [*self.sluice, "run", PIPELINE, "--now", _ts(now)],
+                          env=self.sluice_env(home, _ts(now)), parser=parse_sluice)
+        run.details.update(details)
+        return run
+
+    def _bare_run(self, stage: str, events: int, rep: int, bare: Path, details: dict[str, Any],
+                  submit: bool = False) -> Run:
+        """The bare job on ``bare/landing``, resuming from its checkpoint in ``bare/out``; with ``submit``
+        through pyspark's own spark-submit (as a DAG task would start it) instead of the interpreter."""
+        job = [str(BENCH / "bare_spark_job.py"), "--landing", str(bare / "landing"), "--out", str(bare / "out"),
+               *self.spark_args()]
+        if submit:
+            cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, *job]
+        else:
+            cmd = [sys.executable, *job]
+        run = self.record(stage, events, rep, cmd)
+        run.details.update(details)
+        return run
+
+    def airflow_env(self) -> dict[str, str]:
+        """The bench's environment for Airflow: a fresh AIRFLOW_HOME under the work dir (SQLite), this repo's
+        DAGs and plugin as the Makefile sets them (sluice.airflow.defaults), and nothing of the caller's
+        Airflow set-up (database, connections: with no spark_default the DAG runs Spark locally)."""
+        from sluice.airflow.defaults import airflow_env
+
+        env = {k: v for k, v in self.env.items() if not k.startswith("AIRFLOW")}
+        env.update(airflow_env({}, REPO), AIRFLOW_HOME=str(self.work / "airflow"))
+        return env
 
     def data_root(self) -> Path:
         return Path(self.args.data_dir) if self.args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"
@@ -693,11 +1042,12 @@ def machine_info() -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
+    main = [s for s in results["summary"] if s["stage"] in MAIN_STAGES]
     rows = [
         "| stage | events | runs | wall s (median) | min..max | events/s | peak RSS MB | in-process s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in results["summary"]:
+    ] if main else ["(no main rounds: --steady-only)"]
+    for s in main:
         if s["wall_s_median"] is None:
             rows.append(f"| {s['stage']} | {s['events']:,} | 0 ({s['failed']} failed) | - | - | - | - | - |")
             continue
@@ -707,8 +1057,7 @@ def markdown(results: dict[str, Any]) -> str:
             f"{s['wall_s_min']:.1f}..{s['wall_s_max']:.1f} | {eps} | {s['peak_rss_mb_median']:.0f} | "
             f"{s.get('in_process_s_median', '-')} |"
         )
-    cycles = [s for s in results["summary"] if s["stage"] in ("cycle", "noop_cycle", "empty_cycle", "backfill")
-              and s.get("stages_s_median")]
+    cycles = [s for s in results["summary"] if s["stage"] in SLUICE_STAGES and s.get("stages_s_median")]
     if cycles:
         keys = ["startup", "ingest", "ingest_impressions", "ingest_clicks", "aggregate",
                 "aggregate_ad_clicks_hourly", "aggregate_unmatched_clicks_hourly", "dq", "aggregate+dq", "report",
@@ -722,6 +1071,12 @@ def markdown(results: dict[str, Any]) -> str:
             per_window = s.get("dq_per_window_s_median")
             rows.append(f"| {s['stage']} | {s['events']:,} | " + " | ".join(cells)
                         + f" | {per_window if per_window is not None else '-'} |")
+    if results.get("steady", {}).get("summary"):
+        rows += ["", steady_markdown(results["steady"], results["ratios"])]
+    dags = [s for s in results.get("steady", {}).get("summary", []) if s["stage"] == "dag_run"]
+    if dags and dags[0].get("stages_s_median"):
+        parts = ", ".join(f"{k} {v:.1f}" for k, v in dags[0]["stages_s_median"].items())
+        rows += ["", f"Where the DAG run spends its time (median s, from its log lines): {parts}."]
     if results.get("checks"):
         rows += ["", "Output totals (untimed sanity check; sluice excludes late/early/duplicate records by "
                  "contract, the bare jobs only drop unparsable lines and duplicates):", "",
@@ -741,6 +1096,56 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(rows)
 
 
+def steady_summary(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The summaries of the steady-state stages; ``lines`` is the median of what each run had to take in."""
+    out = []
+    for stage in STEADY_STAGES:
+        mine = [r for r in runs if r.stage == stage]
+        if not mine:
+            continue
+        lines = round(_median([r.details.get("lines", 0) for r in mine]))
+        s = summarize(runs, stage, mine[0].events, lines)
+        if s:
+            s.update(lines=lines, history_h=mine[0].details.get("history_h"))
+            out.append(s)
+    return out
+
+
+def per_increment(runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """Wall seconds of the sluice and the bare run of each increment, side by side (they ran back to back)."""
+    rows: dict[int, dict[str, Any]] = {}
+    for r in runs:
+        if r.stage in ("incr_cycle", "incr_bare"):
+            rows.setdefault(r.rep, {"increment": r.rep})[r.stage] = round(r.wall_s, 1) if r.rc in (0, 2) else "failed"
+    return [rows[k] for k in sorted(rows)]
+
+
+def steady_markdown(steady: dict[str, Any], ratios: dict[str, float]) -> str:
+    hist = steady.get("history_hours") or ["-", "-"]
+    rows = [
+        f"Steady state ({steady['increments']} increments of {INCREMENT_MINUTES} min after {steady['history_h']} h of "
+        f"history at {steady['rate']:,} impressions/h; each run's now = the data's end + {steady['now_margin_min']:g} "
+        f"min; history_ratio: {hist[0]} h vs {hist[1]} h at {steady.get('history_rate', 0):,} impressions/h):",
+        "",
+        "| stage | history h | lines per run | runs | wall s (median) | min..max | peak RSS MB |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in steady["summary"]:
+        head = f"| {s['stage']} | {s['history_h'] or '-'} | {s['lines']:,} |"
+        if s["wall_s_median"] is None:
+            rows.append(f"{head} 0 ({s['failed']} failed) | - | - | - |")
+            continue
+        rows.append(f"{head} {s['runs']} | {s['wall_s_median']:.1f} | {s['wall_s_min']:.1f}..{s['wall_s_max']:.1f} | "
+                    f"{s['peak_rss_mb_median']:.0f} |")
+    rows += ["", "| steady-state result | value |", "|---|---:|"]
+    rows += [f"| {k} | {ratios[k]} |" for k in STEADY_RESULTS]
+    if steady.get("per_increment"):
+        pairs = [f"#{p['increment']} {p.get('incr_cycle', '-')} / {p.get('incr_bare', '-')}"
+                 for p in steady["per_increment"]]
+        rows += ["", "Per increment, sluice / bare s (run back to back): " + "; ".join(pairs)]
+    return "\n".join(rows)
+
+
 def ratio(a: float | None, b: float | None) -> float:
     return round(a / b, 2) if a and b else float("nan")
 
@@ -756,23 +1161,50 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--scaling", action="store_true", help="also run the scaling curve (cycle and bare Spark)")
     parser.add_argument("--scaling-sizes", default=",".join(str(s) for s in SCALING_SIZES))
     parser.add_argument("--scaling-repeat", type=int, default=1)
-    parser.add_argument("--skip-main", action="store_true", help="only the scaling curve")
+    parser.add_argument("--skip-main", action="store_true", help="only the scaling curve (no steady state either)")
     parser.add_argument("--data-dir", help="where generated data sets are cached (default: <tmp>/sluice-bench-data)")
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
     parser.add_argument("--timeout", type=float, default=1800, help="per-run timeout in seconds")
     parser.add_argument("--tag", help="appended to the results file name: results/<date>[-smoke][-TAG].json")
     parser.add_argument("--keep", action="store_true", help="keep the sluice homes of the runs")
-    parser.add_argument("--task", choices=("generate", "totals"), help=argparse.SUPPRESS)
+    parser.add_argument("--task", choices=("generate", "totals", "span", "state"), help=argparse.SUPPRESS)
+    parser.add_argument("--span", help=argparse.SUPPRESS)
     parser.add_argument("--kind", choices=("parquet", "delta"), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--budget-min", type=float, default=14.0,
                         help="stop starting new rounds when the next one would end past this many minutes "
-                             "(make bench must finish in 15; 0 = no budget)")
+                             "(make bench must finish in 15; 0 = no budget). The steady state runs first, once, "
+                             "so its time counts against the budget")
+    steady = parser.add_mutually_exclusive_group()
+    steady.add_argument("--skip-steady", action="store_true", help="skip the steady-state stages")
+    steady.add_argument("--steady-only", action="store_true",
+                        help="only the steady-state stages (no main rounds, no scaling): for profiling")
+    parser.add_argument("--increments", type=int, help="15-min increments after the day of history (default 8; "
+                        "smoke 2)")
+    parser.add_argument("--history-increments", type=int,
+                        help="increments after each history length for history_ratio (default 4; smoke 1)")
+    parser.add_argument("--history-rate-divisor", type=int,
+                        help="history_ratio runs at the reference rate divided by this (default 8; smoke 1)")
+    parser.add_argument("--dag-runs", type=int, default=1,
+                        help="scheduled DAG runs (each with one bare spark-submit) in the steady state; 0 = none")
     args = parser.parse_args(argv)
     if args.smoke:
         args.events = 5_000 if args.events == REFERENCE_EVENTS else args.events
         args.repeat = 1
         args.scaling = False
+    if args.steady_only:
+        args.scaling = False
+    elif args.skip_main:
+        args.skip_steady = True
+    # Smoke: enough to run every steady-state code path once or twice on tiny data, within a few minutes.
+    for name, default, smoke in (("increments", 8, 2), ("history_increments", 4, 1), ("history_rate_divisor", 8, 1)):
+        if getattr(args, name) is None:
+            setattr(args, name, smoke if args.smoke else default)
+    if args.increments < 1 or args.history_increments < 1 or args.history_rate_divisor < 1 or args.dag_runs < 0:
+        parser.error("--increments, --history-increments and --history-rate-divisor must be >= 1, --dag-runs >= 0")
+    if args.increments + args.dag_runs > INCREMENT_SLOTS or args.history_increments > INCREMENT_SLOTS:
+        parser.error(f"at most {INCREMENT_SLOTS} increments are generated: --increments + --dag-runs and "
+                     f"--history-increments must stay within that")
     return args
 
 
@@ -785,6 +1217,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.task == "totals":
         print(json.dumps(output_totals(args.kind, Path(args.path))))
         return 0
+    if args.task == "span":
+        spec = json.loads(args.span)
+        root = Path(args.data_dir) if args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"
+        span = generate_span(root, _parse_ts(spec["start"]), spec["hours"], spec["per_hour"], spec["file_minutes"])
+        print(span.landing)
+        return 0
+    if args.task == "state":
+        print(json.dumps(read_home_state(Path(args.path))))
+        return 0
     started = time.monotonic()
     info = machine_info()
     log(f"machine: {info['nproc']} cpu ({info['cpu']}), {info['mem_total_gb']} GB, load {info['load_avg_at_start']}; "
@@ -792,10 +1233,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="sluice-bench-"))
     bench = Bench(args, work)
     try:
-        data = ensure_dataset(args.events, bench.data_root(), smoke=args.smoke)
+        # The steady state's history is always the reference day (smoke: the smoke data set), whatever --events.
+        ref = None if args.skip_steady else ensure_dataset(
+            args.events if args.smoke else REFERENCE_EVENTS, bench.data_root(), smoke=args.smoke)
+        data = ref if ref is not None and args.steady_only else ensure_dataset(args.events, bench.data_root(),
+                                                                                  smoke=args.smoke)
         log(f"data: {data.total_lines:,} lines in {sum(data.files.values())} files, {data.hours} h, "
             f"windows {data.start}..{data.end}, now={data.now}")
-        if not args.skip_main:
+        if ref is not None:
+            # First, and once: its time is then inside the budget the main rounds check.
+            bench.steady_state(ref)
+        if not args.skip_main and not args.steady_only:
             bench.main_rounds(data)
         sizes: list[int] = []
         if args.scaling:
@@ -830,27 +1278,36 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "wall_s_median": s["wall_s_median"], "events_per_s_median": s["events_per_s_median"],
                             "s_per_million_lines": round(per_m, 1), "relative_cost_per_event": round(per_m / base, 2),
                             "stages_s_median": s.get("stages_s_median")})
-    by_stage = {s["stage"]: s for s in summary}
+    steady = steady_summary(bench.runs)
+    by_stage = {s["stage"]: s for s in [*summary, *steady]}
 
     def med(stage: str) -> float | None:
         return by_stage.get(stage, {}).get("wall_s_median")
 
+    incr_s = med("incr_cycle")
+    ratios: dict[str, float] = {
+        "cycle/bare_spark": ratio(med("cycle"), med("bare_spark")),
+        "backfill/spark_batch": ratio(med("backfill"), med("spark_batch")),
+        "cycle/duckdb": ratio(med("cycle"), med("duckdb")),
+        "empty_cycle/empty_job": ratio(med("empty_cycle"), med("empty_job")),
+        "incr_cycle_s": round(incr_s, 2) if incr_s else float("nan"),
+        "incr/bare_spark": ratio(incr_s, med("incr_bare")),
+        "history_ratio": ratio(med("incr_long_hist"), med("incr_short_hist")),
+        "dag_run/bare_submit": ratio(med("dag_run"), med("bare_submit")),
+    }
     results = {
         "machine": info,
         "args": {k: v for k, v in vars(args).items()},
         "dataset": asdict(data),
         "spark_conf": bench.spark_conf,
         "spark_master": bench.master,
-        "summary": summary,
+        "summary": [*summary, *steady],
+        "steady": {**bench.steady_info, "summary": steady, "per_increment": per_increment(bench.runs),
+                   "steady_s": bench.steady_s} if steady else {},
         "scaling": scaling,
         "checks": bench.checks,
         "runs": [asdict(r) for r in bench.runs],
-        "ratios": {
-            "cycle/bare_spark": ratio(med("cycle"), med("bare_spark")),
-            "backfill/spark_batch": ratio(med("backfill"), med("spark_batch")),
-            "cycle/duckdb": ratio(med("cycle"), med("duckdb")),
-            "empty_cycle/empty_job": ratio(med("empty_cycle"), med("empty_job")),
-        },
+        "ratios": ratios,
         "rounds_done": bench.rounds_done,
         "notes": bench.notes,
         "bench_wall_s": round(time.monotonic() - started, 1),
@@ -869,16 +1326,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     print()
     for note in bench.notes:
         print(f"note: {note}")
-    print("ratios: " + ", ".join(f"{k}={v}" for k, v in results["ratios"].items()))
+    if not args.skip_main and not args.steady_only:
+        print(f"main rounds: {bench.rounds_done} of {args.repeat} ran")
+    print("ratios: " + ", ".join(f"{k}={v}" for k, v in ratios.items()))
     print(f"results: {target}  (bench took {results['bench_wall_s']:.0f}s)")
 
     failed = [r for r in bench.runs if r.rc not in (0, 2)]
     cycle_s = med("cycle")
     eps = round(data.total_lines / cycle_s) if cycle_s else 0
     empty = med("empty_cycle")
-    print(f"bench: cycle/bare_spark={results['ratios']['cycle/bare_spark']} "
-          f"backfill/spark_batch={results['ratios']['backfill/spark_batch']} "
-          f"empty_cycle_s={empty if empty is not None else 'nan'} events_per_s={eps}")
+    # The old fields first, unchanged; then the steady state's (nan when skipped or failed).
+    print(f"bench: cycle/bare_spark={ratios['cycle/bare_spark']} backfill/spark_batch={ratios['backfill/spark_batch']} "
+          f"empty_cycle_s={empty if empty is not None else 'nan'} events_per_s={eps} "
+          + " ".join(f"{k}={ratios[k]}" for k in STEADY_RESULTS))
     return 1 if failed else 0
 
 

@@ -13,8 +13,15 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 FINAL = re.compile(
     r"^bench: cycle/bare_spark=(?P<cycle>[0-9.]+) backfill/spark_batch=(?P<backfill>[0-9.]+) "
-    r"empty_cycle_s=(?P<empty>[0-9.]+) events_per_s=(?P<eps>[0-9]+)$"
+    r"empty_cycle_s=(?P<empty>[0-9.]+) events_per_s=(?P<eps>[0-9]+) incr_cycle_s=(?P<incr>[0-9.]+) "
+    r"incr/bare_spark=(?P<incr_bare>[0-9.]+) history_ratio=(?P<history>[0-9.]+) "
+    r"dag_run/bare_submit=(?P<dag>[0-9.]+)$"
 )
+MAIN_STAGES = {"bare_spark", "cycle", "backfill", "spark_batch", "duckdb", "empty_cycle", "empty_job"}
+STEADY_STAGES = {
+    "catchup_cycle", "catchup_bare", "incr_cycle", "incr_bare", "airflow_migrate", "dag_run", "bare_submit",
+    "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist",
+}
 
 
 @pytest.mark.slow
@@ -23,7 +30,8 @@ def test_bench_smoke(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(REPO / "bench" / "run.py"), "--smoke", "--results-dir", str(results),
          "--data-dir", str(tmp_path / "data")],
-        cwd=REPO, capture_output=True, text=True, timeout=1800,
+        # The steady state adds ~20 short Spark runs and one Airflow DAG run to the main stages.
+        cwd=REPO, capture_output=True, text=True, timeout=3600,
     )
     assert done.returncode == 0, f"stdout:\n{done.stdout[-4000:]}\nstderr:\n{done.stderr[-8000:]}"
     last = done.stdout.strip().splitlines()[-1]
@@ -36,5 +44,21 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert len(written) == 1
     data = json.loads(written[0].read_text())
     stages = {s["stage"] for s in data["summary"] if s["runs"]}
-    assert {"bare_spark", "cycle", "backfill", "spark_batch", "duckdb", "empty_cycle", "empty_job"} <= stages
+    assert stages >= MAIN_STAGES | STEADY_STAGES, sorted((MAIN_STAGES | STEADY_STAGES) - stages)
     assert all(r["rc"] == 0 for r in data["runs"]), [(r["stage"], r["rc"]) for r in data["runs"]]
+    ran = {r["stage"] for r in data["runs"]}
+    assert ran >= STEADY_STAGES, sorted(STEADY_STAGES - ran)
+
+    steady = data["steady"]
+    assert {s["stage"] for s in steady["summary"]} == STEADY_STAGES
+    assert [p["increment"] for p in steady["per_increment"]] == list(range(steady["increments"]))
+    for key in ("incr_cycle_s", "incr/bare_spark", "history_ratio", "dag_run/bare_submit"):
+        assert data["ratios"][key] > 0, (key, data["ratios"][key])
+    # The DAG run really ran the increment: every task succeeded and each stream got a new ingest batch.
+    (dag,) = [r for r in data["runs"] if r["stage"] == "dag_run"]
+    assert dag["details"]["run_succeeded"], dag["details"]
+    assert set(dag["details"]["tasks_succeeded"]) == {"choose_path", "run_cycle", "check_quality", "send_alerts"}
+    assert all(n >= 1 for n in dag["details"]["ingested_batches"].values()), dag["details"]["ingested_batches"]
+    # Every incremental cycle ingested its increment (one landing file per stream).
+    for run in (r for r in data["runs"] if r["stage"] in ("incr_cycle", "incr_short_hist", "incr_long_hist")):
+        assert run["details"]["ingest_batches"] == {"impressions": 1, "clicks": 1}, (run["stage"], run["details"])
