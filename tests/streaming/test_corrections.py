@@ -289,7 +289,7 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
     try:
         for f in old_files:
             f.write_bytes(b"unreadable")
-        assert scan_amendments(spark, at_now, engine, at_now.pipeline(PIPELINE)) == [win("10:10")]
+        assert scan_amendments(at_now, engine, at_now.pipeline(PIPELINE)) == [win("10:10")]
     finally:
         for f, data in saved.items():
             f.write_bytes(data)

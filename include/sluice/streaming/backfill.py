@@ -371,5 +371,5 @@ def run_backfill(
         engine = engine_for(spark, settings)
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so
         # the backfill knows which of its windows have late records waiting and clears exactly those.
-        scan_amendments(spark, settings, engine, request.pipeline)
+        scan_amendments(settings, engine, request.pipeline)
         return Backfill(spark, settings, engine, request, deliver_alerts).run()

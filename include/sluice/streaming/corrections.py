@@ -87,8 +87,7 @@ def dlq_mark(paths: Mapping[str, Path]) -> int:
     return sum(DeltaTable(str(p)).version() + 1 for p in paths.values() if DeltaTable.is_deltatable(str(p)))
 
 
-def scan_amendments(spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef
-                    ) -> list[Window]:
+def scan_amendments(settings: Settings, engine: DeltaEngine, pipeline: PipelineDef) -> list[Window]:
     """Flag closed windows that late records landed for since they were last built or checked (see the
     module docstring); returns the windows amended by this scan."""
     ledger_path = WINDOW_LEDGER.path(settings)

@@ -112,7 +112,7 @@ def run_cycle(
         if unreadable is not None:
             raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
         # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
-        amended = scan_amendments(spark, settings, engine, definition)
+        amended = scan_amendments(settings, engine, definition)
         runner = PipelineRunner(spark, settings, engine, definition)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
