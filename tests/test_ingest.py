@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.ingest import landing
 from sluice.ingest.landing import file_watermarks, load_state, run_ingest
 from sluice.storage.engine import RsDeltaEngine
 from support import lake
@@ -184,9 +185,13 @@ def test_offset_timestamps_are_normalised_to_utc(spark: SparkSession, settings: 
     assert (row["event_date"].isoformat(), row["event_hour"]) == ("2024-05-01", 10)
 
 
+@pytest.mark.parametrize("broadcast", [True, False], ids=["batch-ids-broadcast", "batch-ids-shuffled"])
 def test_duplicates_within_a_file_across_files_and_across_runs(
-    spark: SparkSession, settings: Settings
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch, broadcast: bool
 ) -> None:
+    # The dedup look-up broadcasts a small batch's ids and shuffles a large one's: both count the same.
+    if not broadcast:
+        monkeypatch.setattr(landing, "BROADCAST_BATCH_BYTES", 0)
     land(settings, "impressions", "f1.jsonl", [imp("x", 0), imp("x", 0), imp("y", 1)], arrival_minutes=2)
     land(settings, "impressions", "f2.jsonl", [imp("y", 1), imp("z", 3)], arrival_minutes=4)
     ingest(spark, settings, 5)

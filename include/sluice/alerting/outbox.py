@@ -196,8 +196,19 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
     Derived from the ingest log, not from what the current cycle saw, so that a crash between a file's
     quarantine and its alert cannot lose the alert: the next cycle raises it. Its key includes a digest of
     the files, so a rerun raises the same alert, not a second one."""
-    from sluice.alerting.notifiers import UNREADABLE_FILE, Alert
     from sluice.ingest.landing import load_state, local_path
+
+    unreadable = [
+        (stream, local_path(batch.source_file or ""))
+        for stream in settings.pipeline(pipeline).streams
+        for batch in load_state(settings, stream).rows
+        if batch.unreadable
+    ]
+    if not unreadable:
+        # The common case: no alert to build, so the notifiers (and the seconds Airflow's import takes)
+        # are not loaded by a cycle.
+        return None
+    from sluice.alerting.notifiers import UNREADABLE_FILE, Alert
 
     named: set[tuple[str, str]] = set()
     for row in read_outbox(settings, pipeline):
@@ -205,13 +216,7 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
             continue
         for item in json.loads(row["failed_expectations"] or "[]"):
             named.add((str(item.get("expectation")), str(item.get("observed_value"))))
-    files = []
-    for stream in settings.pipeline(pipeline).streams:
-        for batch in load_state(settings, stream).rows:
-            if batch.unreadable:
-                path = local_path(batch.source_file or "")
-                if (f"{UNREADABLE_FILE}:{stream}", path) not in named:
-                    files.append((stream, path))
+    files = [(stream, path) for stream, path in unreadable if (f"{UNREADABLE_FILE}:{stream}", path) not in named]
     return Alert.unreadable_files(pipeline, files, settings.now()) if files else None
 
 

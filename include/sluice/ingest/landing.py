@@ -58,6 +58,10 @@ log = logging.getLogger("sluice.ingest")
 # Spark's cast alone would also accept zoneless strings and read them in the session zone.
 RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
+# A batch of landing files up to this size (gzip files counted at GZIP_RATIO times their size) has its ids
+# broadcast for the dedup look-up (a few tens of MB of ids at most); larger ones are shuffled instead.
+BROADCAST_BATCH_BYTES = 128 << 20
+GZIP_RATIO = 8
 LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 LANDING_READ_OPTIONS = {
     # An unreadable file never fails the query: it is quarantined whole before the query runs, and Spark
@@ -331,10 +335,29 @@ def classify_invalid(spec: StreamSpec) -> Any:
     return transform
 
 
-def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
-    """A valid record is a duplicate when its id was already accepted or dead-lettered (``seen_ids``), or
-    an earlier copy exists in this batch (earlier file in arrival order; ties broken by the raw line so
-    the choice is deterministic)."""
+def seen_in_batch(seen_ids: DataFrame, spec: StreamSpec, *, small: bool = True) -> Any:
+    """Flag (``_seen``) the valid records whose id was already accepted or dead-lettered (``seen_ids``:
+    one ``id`` column, the text the id was parsed from).
+
+    The look-up goes from the horizon to the batch: every id of the horizon is probed against a hash of
+    the batch's ids (broadcast when the batch is ``small``), and only the few that match are joined back.
+    The dedup horizon (rate x ``dedup_retention``) is much larger than a steady-state batch, and shuffling
+    all of it to join it with the batch cost more than the rest of the batch's work."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        id_col = f"_s_{spec.id_field}"
+        batch_ids = df.filter(F.col("reason").isNull()).select(F.col(id_col).alias("id"))
+        matched = seen_ids.select("id").join(F.broadcast(batch_ids) if small else batch_ids, "id", "left_semi")
+        seen = matched.distinct().select(F.col("id").alias("_seen_id"), F.lit(True).alias("_seen"))
+        return df.join(seen, df[id_col] == seen["_seen_id"], "left").drop("_seen_id")
+
+    return transform
+
+
+def mark_duplicates(spec: StreamSpec) -> Any:
+    """A valid record is a duplicate when its id was already accepted or dead-lettered (``_seen``, from
+    :func:`seen_in_batch`), or an earlier copy exists in this batch (earlier file in arrival order; ties
+    broken by the raw line so the choice is deterministic)."""
 
     def transform(df: DataFrame) -> DataFrame:
         id_col = f"_s_{spec.id_field}"
@@ -343,10 +366,8 @@ def mark_duplicates(spec: StreamSpec, seen_ids: DataFrame) -> Any:
         # must not make the valid one a duplicate - as it cannot when the two land in different triggers.
         order = Window.partitionBy(id_col).orderBy(F.col("reason").isNotNull(), "_file_seq", "raw")
         ranked = df.withColumn("_rank", F.when(candidate, F.row_number().over(order)))
-        seen = seen_ids.select(F.col("id").alias("_seen_id")).distinct().withColumn("_seen", F.lit(True))
-        joined = ranked.join(seen, ranked[id_col] == seen["_seen_id"], "left").drop("_seen_id")
         is_dup = candidate & ((F.col("_rank") > 1) | F.col("_seen").isNotNull())
-        return joined.withColumn("_duplicate", F.coalesce(is_dup, F.lit(False))).drop("_rank", "_seen")
+        return ranked.withColumn("_duplicate", F.coalesce(is_dup, F.lit(False))).drop("_rank", "_seen")
 
     return transform
 
@@ -545,16 +566,34 @@ class StreamIngest:
         last_id = max(seq.values())
 
         seq_df = self.spark.createDataFrame(list(seq.items()), "source_file string, _file_seq long")
-        parsed = (
+        # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
+        classified = (
             df.join(F.broadcast(seq_df), "source_file")
             .transform(parse_lines(spec))
             .transform(classify_invalid(spec))
-            .transform(mark_duplicates(spec, self._seen_ids(prior, first_id)))
         ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            self._finish_batch(parsed, files, seq, prior, spark_batch_id, first_id, last_id)
+            seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch(files))
+            parsed = classified.transform(seen).transform(mark_duplicates(spec)).persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                self._finish_batch(parsed, files, seq, prior, spark_batch_id, first_id, last_id)
+            finally:
+                parsed.unpersist()
         finally:
-            parsed.unpersist()
+            classified.unpersist()
+
+    @staticmethod
+    def _small_batch(files: list[tuple[datetime, str]]) -> bool:
+        """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
+        of its files on disk (metadata, no Spark job). Either way the result is the same."""
+        total = 0
+        for _arrival, uri in files:
+            try:
+                size = os.path.getsize(local_path(uri))
+            except OSError:
+                continue
+            total += size * GZIP_RATIO if uri.endswith(".gz") else size
+        return total <= BROADCAST_BATCH_BYTES
 
     def _finish_batch(
         self,
