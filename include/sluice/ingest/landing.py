@@ -573,8 +573,9 @@ class StreamIngest:
             .transform(classify_invalid(spec))
         ).persist(StorageLevel.MEMORY_AND_DISK)
         try:
-            seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch(files))
-            parsed = classified.transform(seen).transform(mark_duplicates(spec)).persist(StorageLevel.MEMORY_AND_DISK)
+            flag_seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch(files))
+            parsed = classified.transform(flag_seen).transform(mark_duplicates(spec)).persist(
+                StorageLevel.MEMORY_AND_DISK)
             try:
                 self._finish_batch(parsed, files, seq, prior, spark_batch_id, first_id, last_id)
             finally:
