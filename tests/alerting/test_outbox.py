@@ -4,13 +4,15 @@ key, delivered once, kept pending while every channel fails. No Spark is involve
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from deltalake import DeltaTable
 
-from sluice.alerting.notifiers import CORRECTION, DQ_FAILURE, Alert
+from sluice.alerting.alert import CORRECTION, DQ_FAILURE, Alert
 from sluice.alerting.outbox import deliver_pending, raise_alert, read_outbox, record_alerts
 from sluice.config import Settings, load_settings
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
@@ -105,3 +107,24 @@ def test_an_older_alerts_table_gains_the_outbox_columns(settings: Settings, webh
     rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
     assert len(rows) == 1 and rows[0]["channels"] == "webhook" and rows[0]["kind"] == DQ_FAILURE
     assert len(webhook.requests) == 1
+
+
+def test_recording_an_alert_does_not_load_airflow(tmp_path: Path) -> None:
+    """Data quality records its failures in the outbox in the Spark application of a cycle or a backfill;
+    Airflow (seconds to import) is loaded only by whoever delivers them."""
+    script = (
+        "import sys\n"
+        "from datetime import UTC, datetime\n"
+        "from sluice.alerting.alert import Alert\n"
+        "from sluice.alerting.outbox import read_outbox, record_alerts\n"
+        "from sluice.config import load_settings\n"
+        "import sluice.quality.checker, sluice.quality.freshness, sluice.streaming.corrections\n"
+        f"settings = load_settings({{}}, home={str(tmp_path)!r})\n"
+        "t = datetime(2024, 5, 1, 10, tzinfo=UTC)\n"
+        "record_alerts(settings, [Alert('p', t, t, [{'expectation': 'e', 'observed_value': 'v'}], None, t)])\n"
+        "assert [r['channels'] for r in read_outbox(settings)] == ['pending']\n"
+        "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

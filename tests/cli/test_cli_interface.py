@@ -18,7 +18,7 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from sluice.alerting.notifiers import Alert
+from sluice.alerting.alert import Alert
 from sluice.cli.main import main
 from sluice.cli.status import status_data
 from sluice.config import load_settings

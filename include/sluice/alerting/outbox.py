@@ -32,7 +32,7 @@ from sluice.storage import tables
 from sluice.storage.engine import COMMIT_ATTEMPTS, CommitConflictError, commit_backoff, read_small_table
 
 if TYPE_CHECKING:
-    from sluice.alerting.notifiers import Alert
+    from sluice.alerting.alert import Alert
     from sluice.storage.engine import DeltaEngine
 
 log = logging.getLogger("sluice.alerts")
@@ -144,7 +144,7 @@ class Delivery:
 
 def alert_from_row(row: Mapping[str, Any]) -> Alert:
     """The :class:`Alert` an outbox row records (rows of older versions lack kind and attempt)."""
-    from sluice.alerting.notifiers import DQ_FAILURE, UNREADABLE_FILE, Alert
+    from sluice.alerting.alert import DQ_FAILURE, UNREADABLE_FILE, Alert
 
     kind = row.get("kind") or (DQ_FAILURE if row["window_start"] is not None else UNREADABLE_FILE)
     return Alert(
@@ -205,10 +205,9 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
         if batch.unreadable
     ]
     if not unreadable:
-        # The common case: no alert to build, so the notifiers (and the seconds Airflow's import takes)
-        # are not loaded by a cycle.
+        # The common case: no alert to build, and the outbox is not read.
         return None
-    from sluice.alerting.notifiers import UNREADABLE_FILE, Alert
+    from sluice.alerting.alert import UNREADABLE_FILE, Alert
 
     named: set[tuple[str, str]] = set()
     for row in read_outbox(settings, pipeline):

@@ -10,11 +10,15 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
+import pyarrow as pa
+import pyarrow.dataset as pads
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -26,7 +30,7 @@ from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
-from sluice.storage.engine import DeltaEngine
+from sluice.storage.engine import DeltaEngine, read_selected_rows
 from sluice.storage.ledger import (
     LedgerRow,
     next_version,
@@ -88,6 +92,25 @@ def _internal(spec: Any, field: str) -> str:
 
 def _window_rows(rows: Any, window: Window) -> Any:
     return rows[(rows["window_start"] == window[0]) & (rows["window_end"] == window[1])].reset_index(drop=True)
+
+
+def gold_rows(engine: DeltaEngine, path: Path, windows: Sequence[Window]) -> Any:
+    """The rows of a gold table whose windows start where ``windows`` do (a pandas frame, window bounds in
+    UTC; :func:`_window_rows` picks one window's): windows x keys rows, read with pyarrow rather than a Spark
+    job (seconds of job set-up for a few hundred rows), unless the table needs a Delta reader."""
+    starts = pa.array(sorted({s for s, _ in windows}), pa.timestamp("us", tz="UTC"))
+    start = pads.field("window_start")
+    # The range lets pyarrow skip row groups by their statistics; isin keeps exactly the windows' starts.
+    table = read_selected_rows(path, (start >= starts[0]) & (start <= starts[-1]) & start.isin(starts))
+    if table is not None:
+        rows = table.to_pandas()
+    else:
+        gold = engine.read(path)
+        bounds = gold.sparkSession.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
+        rows = gold.join(F.broadcast(bounds.select("window_start").distinct()), ["window_start"]).toPandas()
+    for column in ("window_start", "window_end"):
+        rows[column] = pd.to_datetime(rows[column], utc=True)
+    return rows
 
 
 def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], bool]:
@@ -160,9 +183,8 @@ class QualityChecker:
 
         for table in (tables.DQ_RESULTS, tables.ALERTS):
             self.engine.ensure_table(table.path(self.settings), table.schema)
-        gold_by_output, completeness, late_by_window, totals = (
-            self._inputs(windows, include_late) if windows else ({}, {}, {}, {})
-        )
+        gold_by_output = {output.name: gold_rows(self.engine, output.path(self.settings), windows)
+                          for output in self.pipeline.outputs} if windows else {}
         validator = WindowValidator(
             docs_dir(self.settings),
             lateness_threshold=self.settings.lateness_threshold,
@@ -174,25 +196,46 @@ class QualityChecker:
             results.append((window, validation, 0))
             report.checked.append(window)
             report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
-        with progress(len(windows), f"data quality {self.pipeline.name}", "window") as advance:
-            for window in windows:
-                results.append(self._validate(validator, window, gold_by_output, completeness, late_by_window,
-                                              totals, report))
-                advance(1)
+        if windows:
+            # The pipeline's DLQ records per window (only DLQ files not counted before are read).
+            late_by_window = dlq_counts(self.settings, self.pipeline, windows)
+            queries = self._count_queries(windows, include_late)
+            with ThreadPoolExecutor(1, thread_name_prefix="sluice-dq-counts") as pool:
+                # The windows' bronze counts take Spark jobs: they run on the executors while GE checks the
+                # gold rows here, on the driver. The queries are built here first: the thread then only waits
+                # on Spark, and does not compete with GE for the GIL.
+                counting = pool.submit(self._counts, queries)
+                with progress(len(windows), f"data quality {self.pipeline.name}: gold rows", "window") as advance:
+                    gold_runs = {}
+                    for window in windows:
+                        gold_runs[window] = validator.validate_outputs(
+                            self.pipeline.name, *window, self._frames(gold_by_output, window))
+                        advance(1)
+                bronze_measure, totals = counting.result()
+            completeness = self._completeness(windows, gold_by_output, bronze_measure)
+            with progress(len(windows), f"data quality {self.pipeline.name}: totals", "window") as advance:
+                for window in windows:
+                    late = late_by_window.get(window, 0)
+                    run = validator.validate_totals(
+                        self.pipeline.name, *window, completeness=completeness.get(window, {}), late_rows=late,
+                        total_rows=totals.get(window, 0) + late,
+                    )
+                    validation = validator.combine(self.pipeline.name, *window, [run, *gold_runs[window]])
+                    report.checked.append(window)
+                    if not validation.success:
+                        report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
+                    results.append((window, validation, late))
+                    advance(1)
         report.docs_index = validator.build_docs()
         self._record(results, report, final_state, deliver)
         return report
 
-    def _validate(
-        self, validator: Any, window: Window, gold_by_output: Mapping[str, Any],
-        completeness: Mapping[Window, Any], late_by_window: Mapping[Window, int], totals: Mapping[Window, int],
-        report: QualityReport,
-    ) -> tuple[Window, Any, int]:
-        """One window's validation (every output's suite and the totals), recorded in ``report``."""
+    def _frames(self, gold_by_output: Mapping[str, Any], window: Window) -> list[Any]:
+        """Every output's gold rows of ``window``, with the checks its gold suite runs."""
         from sluice.checks import Between, NotNull
         from sluice.quality.validator import OutputFrame
 
-        frames = [
+        return [
             OutputFrame(
                 output.name, _window_rows(gold_by_output[output.name], window), output.keys,
                 tuple(c for c in output.checks if isinstance(c, Between | NotNull)),
@@ -200,15 +243,6 @@ class QualityChecker:
             )
             for output in self.pipeline.outputs
         ]
-        late = late_by_window.get(window, 0)
-        validation = validator.validate(
-            self.pipeline.name, window[0], window[1], outputs=frames,
-            completeness=completeness.get(window, {}), late_rows=late, total_rows=totals.get(window, 0) + late,
-        )
-        report.checked.append(window)
-        if not validation.success:
-            report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
-        return window, validation, late
 
     def _freshness(self) -> None:
         """Record a ``stale`` alert when the oldest open window is past end + bound + freshness_grace
@@ -253,29 +287,20 @@ class QualityChecker:
         return [(window, WindowValidation(self.pipeline.name, window[0], window[1], outcomes))]
 
     # -- inputs ---------------------------------------------------------------------------------------
-    def _inputs(self, windows: Sequence[Window], include_late: bool = False) -> tuple[Any, ...]:
-        """Per output, the windows' gold rows (small: one row per window and key); per window, each declared
-        completeness check's (gold total, bronze count); per window, the DLQ and accepted record counts."""
-        bounds = self.spark.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
-        gold_by_output: dict[str, Any] = {}
-        for output in self.pipeline.outputs:
-            gold = self.engine.read(output.path(self.settings))
-            rows: Any = gold.join(F.broadcast(bounds), ["window_start", "window_end"]).toPandas()
-            for column in ("window_start", "window_end"):
-                if rows[column].dt.tz is None:
-                    rows[column] = rows[column].dt.tz_localize("UTC")
-            gold_by_output[output.name] = rows
-        checks = [(output, c) for output in self.pipeline.outputs for c in output.checks
-                  if isinstance(c, Completeness)]
-        # One pass per stream over the window hours of bronze (and, for a backfill with the late records, its
-        # DLQ): record counts plus every completeness measure on that stream, for every window at once.
-        bronze_measure: dict[tuple[str, Window], int] = {}
-        records: dict[Window, int] = {}
-        # The pipeline's DLQ records per window, over its streams (only DLQ files not counted before are read).
-        late = dlq_counts(self.settings, self.pipeline, windows)
+    def _completeness_checks(self) -> list[tuple[OutputDef, Completeness]]:
+        return [(output, c) for output in self.pipeline.outputs for c in output.checks
+                if isinstance(c, Completeness)]
+
+    def _count_queries(
+        self, windows: Sequence[Window], include_late: bool = False
+    ) -> list[tuple[DataFrame, list[str]]]:
+        """Per stream, one query over the window hours of bronze (and, for a backfill with the late records,
+        its DLQ): per window, its record count and every completeness measure on that stream; with the keys
+        (check name + output) of those measures, in column order."""
+        queries = []
         for stream in self.pipeline.streams:
             spec = self.settings.stream(stream)
-            on_stream = [(output, c) for output, c in checks if c.stream == stream]
+            on_stream = [(output, c) for output, c in self._completeness_checks() if c.stream == stream]
             bronze = self.engine.read(
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
             ).filter(~F.col("is_heartbeat"))
@@ -287,11 +312,29 @@ class QualityChecker:
             aggs = [F.sum("_bronze").alias("n")] + [
                 F.countDistinct(column).alias(f"_m{i}") for i, column in enumerate(counted.values())
             ]
-            for r in _in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs).collect():
+            queries.append((_in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs), list(counted)))
+        return queries
+
+    @staticmethod
+    def _counts(queries: Sequence[tuple[DataFrame, list[str]]]) -> tuple[dict[tuple[str, Window], int],
+                                                                           dict[Window, int]]:
+        """Runs the count queries: per (completeness check, window) the bronze measure, per window the
+        accepted records."""
+        bronze_measure: dict[tuple[str, Window], int] = {}
+        records: dict[Window, int] = {}
+        for query, keys in queries:
+            for r in query.collect():
                 w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
                 records[w] = records.get(w, 0) + int(r["n"] or 0)
-                for i, key in enumerate(counted):
+                for i, key in enumerate(keys):
                     bronze_measure[(key, w)] = int(r[f"_m{i}"])
+        return bronze_measure, records
+
+    def _completeness(
+        self, windows: Sequence[Window], gold_by_output: Mapping[str, Any], bronze_measure: Mapping[Any, int]
+    ) -> dict[Window, dict[str, tuple[int, int]]]:
+        """Per window, each declared completeness check's (gold total, bronze count)."""
+        checks = self._completeness_checks()
         completeness: dict[Window, dict[str, tuple[int, int]]] = {}
         for window in windows:
             for output, check in checks:
@@ -300,14 +343,14 @@ class QualityChecker:
                     _gold_measure(rows, output, check.metric),
                     bronze_measure.get((check.name + output.name, window), 0),
                 )
-        return gold_by_output, completeness, late, records
+        return completeness
 
     # -- outputs --------------------------------------------------------------------------------------
     def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:
         """Results, then the outbox, then the ledger, then delivery: each step is one atomic commit, and a
         crash between any two leaves a state the rerun completes with exactly one alert per failing window
         (a window whose ledger state was not written yet is validated again; its alert key is the same)."""
-        from sluice.alerting.notifiers import Alert
+        from sluice.alerting.alert import Alert
         from sluice.alerting.outbox import deliver_pending, record_alerts
 
         now = self.settings.now()

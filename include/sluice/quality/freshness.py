@@ -23,7 +23,7 @@ from sluice.core.model import PipelineDef
 from sluice.core.windows import first_window_start_at_or_after
 
 if TYPE_CHECKING:
-    from sluice.alerting.notifiers import Alert
+    from sluice.alerting.alert import Alert
 
 _TICK = timedelta(microseconds=1)
 
@@ -38,7 +38,7 @@ def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> tuple[date
 
 def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
     """The ``stale`` alert of the oldest open window, if it is past due (a list of at most one
-    :class:`~sluice.alerting.notifiers.Alert`). Nothing before every stream has a watermark: a pipeline that
+    :class:`~sluice.alerting.alert.Alert`). Nothing before every stream has a watermark: a pipeline that
     has never seen data has no window to be late with."""
     from sluice.ingest.landing import load_state
 
@@ -52,7 +52,7 @@ def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
     now = settings.now()
     if now < due:
         return []
-    from sluice.alerting.notifiers import STALE, Alert  # imports Airflow: only when there is an alert
+    from sluice.alerting.alert import STALE, Alert
     from sluice.alerting.outbox import read_outbox
 
     previous = [r["raised_at"] for r in read_outbox(settings, pipeline.name) if r.get("kind") == STALE]

@@ -129,6 +129,15 @@ class WindowValidation:
         return [o for o in self.outcomes if not o.success]
 
 
+@dataclass(frozen=True)
+class SuiteRun:
+    """One suite's validation of one window: its outcomes, its verdict and its stored result."""
+
+    outcomes: list[ExpectationOutcome]
+    success: bool
+    result_id: ValidationResultIdentifier
+
+
 # An observed-value formatter gets the GE results of one outcome's expectations (in suite order) and the
 # frame they ran on: a passing expectation reports no values, so numbers are read back from the frame.
 _Formatter = Callable[[list["ExpectationValidationResult"], pd.DataFrame], str]
@@ -162,7 +171,7 @@ class WindowValidator:
     ) -> None:
         # The injected "now" of the cycle: it names the validation runs (and so the Data Docs pages and
         # docs_path in ops/dq_results), which must not depend on the wall clock.
-        self._run_time = run_time
+        self._run_time = run_time or datetime.now(UTC)
         if not 0 <= lateness_threshold <= 1:
             raise ValueError(f"lateness_threshold must be within [0, 1], got {lateness_threshold!r}")
         if window_seconds < 1:
@@ -199,29 +208,56 @@ class WindowValidator:
         total_rows: int,
     ) -> WindowValidation:
         """Validate one closed window of every output; see the module docstring for what is checked."""
-        from great_expectations.core.run_identifier import RunIdentifier
+        totals = self.validate_totals(pipeline, window_start, window_end, completeness=completeness,
+                                      late_rows=late_rows, total_rows=total_rows)
+        return self.combine(pipeline, window_start, window_end,
+                            [totals, *self.validate_outputs(pipeline, window_start, window_end, outputs)])
 
+    # The two halves of :meth:`validate`, for a caller that has a window's gold rows before its totals (the
+    # totals need a Spark job over bronze, which can run while GE checks the gold rows): each returns the
+    # suite runs that :meth:`combine` folds into the window's validation, totals first.
+
+    def validate_totals(
+        self, pipeline: str, window_start: datetime, window_end: datetime, *,
+        completeness: Mapping[str, tuple[int, int]], late_rows: int, total_rows: int,
+    ) -> SuiteRun:
+        """The window-level suite: the declared completeness checks and lateness."""
         totals = _totals_frame(completeness, late_rows=late_rows, total_rows=total_rows)
-        # One run per window: every result sits together under this run name in the Data Docs index.
-        run_id = RunIdentifier(
-            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time or datetime.now(UTC)
-        )
-        suites: list[tuple[_Registered, pd.DataFrame, str]] = [
-            (self._totals_suite(pipeline, list(completeness)), totals, _TOTALS_ASSET)
-        ]
+        return self._suite_run(self._totals_suite(pipeline, list(completeness)), totals, _TOTALS_ASSET,
+                               pipeline, window_start)
+
+    def validate_outputs(
+        self, pipeline: str, window_start: datetime, window_end: datetime, outputs: Sequence[OutputFrame]
+    ) -> list[SuiteRun]:
+        """Each output's suite over the window's gold rows."""
+        runs = []
         for out in outputs:
             columns = [c.column for c in out.checks]  # type: ignore[attr-defined]
             frame = _gold_frame(out.gold, keys=out.keys, columns=columns)
-            suites.append((self._gold_suite(out), frame, _GOLD_ASSET))
-        outcomes: list[ExpectationOutcome] = []
-        pages: list[tuple[bool, ValidationResultIdentifier]] = []
-        for registered, data, asset in suites:
-            result = self._run(registered, data, run_id)
-            outcomes.extend(_fold(result, data, registered.formatters))
-            pages.append((bool(result.success), self._result_id(registered.suite_name, run_id, asset)))
-        self._pending.extend(rid for _, rid in pages)
-        page = next((rid for ok, rid in pages if not ok), pages[0][1])
+            runs.append(self._suite_run(self._gold_suite(out), frame, _GOLD_ASSET, pipeline, window_start))
+        return runs
+
+    def combine(
+        self, pipeline: str, window_start: datetime, window_end: datetime, runs: Sequence[SuiteRun]
+    ) -> WindowValidation:
+        """One window's validation from its suite runs (totals first); its page is the first failing one's."""
+        outcomes = [outcome for run in runs for outcome in run.outcomes]
+        self._pending.extend(run.result_id for run in runs)
+        page = next((run.result_id for run in runs if not run.success), runs[0].result_id)
         return WindowValidation(pipeline, window_start, window_end, outcomes, self._page_path(page))
+
+    def _suite_run(
+        self, registered: _Registered, data: pd.DataFrame, asset: str, pipeline: str, window_start: datetime
+    ) -> SuiteRun:
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        # One run per window: every result sits together under this run name in the Data Docs index.
+        run_id = RunIdentifier(
+            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time
+        )
+        result = self._run(registered, data, run_id)
+        return SuiteRun(_fold(result, data, registered.formatters), bool(result.success),
+                        self._result_id(registered.suite_name, run_id, asset))
 
     def _run(
         self, registered: _Registered, data: pd.DataFrame, run_id: RunIdentifier
@@ -607,11 +643,18 @@ _BY_KIND: dict[str, _Formatter] = {
 }
 
 
+_warming: threading.Thread | None = None
+
+
 def warm_up() -> None:
     """Import Great Expectations in a background thread. It is seconds of pure-Python import work, so a
-    caller that will validate windows starts it before its Spark work, and the validator's own imports
-    then find the modules loaded (Python's per-module import locks make the two imports safe)."""
-    threading.Thread(target=_import_ge, name="sluice-ge-import", daemon=True).start()
+    caller that will validate windows starts it before its Spark work (best: before the JVM starts, whose
+    launch leaves the Python process waiting), and the validator's own imports then find the modules
+    loaded (Python's per-module import locks make the two imports safe). Once per process."""
+    global _warming
+    if _warming is None:
+        _warming = threading.Thread(target=_import_ge, name="sluice-ge-import", daemon=True)
+        _warming.start()
 
 
 def _import_ge() -> None:

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
@@ -180,6 +181,25 @@ def read_small_table(
         return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
     data = pa.concat_tables(_file_tables(str(path), files, schema))
     return data.select(list(columns)) if columns else data
+
+
+def read_selected_rows(path: Path, selection: pads.Expression) -> pa.Table | None:
+    """The rows of a table that ``selection`` picks, read on the driver without Spark: for a small part of a
+    table that may be large, such as the gold rows of the windows a data-quality step checks. pyarrow skips
+    the row groups whose Parquet statistics rule the selection out, so only the footers of the other files
+    are read. Returns None when the table does not exist, or when its files alone are not its rows (a reader
+    protocol above 1: column mapping or deletion vectors, e.g. written by delta-spark): read it with Spark."""
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    table = DeltaTable(str(path))
+    if table.protocol().min_reader_version > 1:
+        return None
+    schema = pa.schema(table.schema().to_arrow())
+    actions = pa.table(table.get_add_actions(flatten=False))
+    files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
+    if not files:
+        return schema.empty_table()
+    return pads.dataset(files, schema=schema, format="parquet").to_table(filter=selection)
 
 
 # Ops tables are read many times per cycle and grow by one small file per commit, so a cycle that re-read

@@ -248,6 +248,9 @@ class Backfill:
             result.rows[output.name] = sum(counts.values())
             result.gold_versions[output.table_name] = self._replace(output.path(self.settings), output.name, rows,
                                                                     scope.keep)
+            log.info("backfill %s: %s rewritten: %d window(s), %d row(s), Delta version %d -> %d",
+                     pipeline.name, output.table_name, len(counts), result.rows[output.name],
+                     *result.gold_versions[output.table_name])
         if req.windows is None:
             result.windows = sorted(windows)
         else:
@@ -367,6 +370,7 @@ def run_backfill(
 
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
     with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
+        warm_up()  # while the JVM starts: the Python process only waits for it
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
         engine = engine_for(spark, settings)
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so

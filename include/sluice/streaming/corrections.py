@@ -395,8 +395,7 @@ def raise_notices(settings: Settings, pipeline: PipelineDef, plan: CorrectionPla
     """One correction notice (level info) per corrected window; idempotent per (window, attempt)."""
     if not plan.windows:
         return 0
-    # Imported here: the notifiers import Airflow, which only cycles that raise something need.
-    from sluice.alerting.notifiers import CORRECTION, Alert
+    from sluice.alerting.alert import CORRECTION, Alert
     from sluice.alerting.outbox import raise_alert
 
     now = settings.now()
