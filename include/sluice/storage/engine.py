@@ -35,7 +35,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
-import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
@@ -45,6 +44,8 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 if TYPE_CHECKING:
+    import pyarrow.compute as pc
+
     from sluice.config import Settings
 
 log = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ def read_small_table(
     return data.select(list(columns)) if columns else data
 
 
-def read_selected_rows(path: Path, selection: pads.Expression) -> pa.Table | None:
+def read_selected_rows(path: Path, selection: pc.Expression) -> pa.Table | None:
     """The rows of a table that ``selection`` picks, read on the driver without Spark: for a small part of a
     table that may be large, such as the gold rows of the windows a data-quality step checks. pyarrow skips
     the row groups whose Parquet statistics rule the selection out, so only the footers of the other files
@@ -199,6 +200,8 @@ def read_selected_rows(path: Path, selection: pads.Expression) -> pa.Table | Non
     files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
     if not files:
         return schema.empty_table()
+    import pyarrow.dataset as pads  # only here: it is not needed by most commands
+
     return pads.dataset(files, schema=schema, format="parquet").to_table(filter=selection)
 
 
