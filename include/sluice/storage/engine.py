@@ -163,6 +163,12 @@ def spark_schema(table: DeltaTable) -> StructType:
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
 
 
+def _data_files(path: Path, table: DeltaTable) -> list[str]:
+    """The local paths of the data files of ``table``'s snapshot."""
+    actions = pa.table(table.get_add_actions(flatten=False))
+    return [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
+
+
 def read_small_table(
     path: Path, columns: Sequence[str] | None = None, *, table: DeltaTable | None = None
 ) -> pa.Table | None:
@@ -176,8 +182,7 @@ def read_small_table(
             return None
         table = DeltaTable(str(path))
     schema = pa.schema(table.schema().to_arrow())
-    actions = pa.table(table.get_add_actions(flatten=False))
-    files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
+    files = _data_files(path, table)
     if not files:
         return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
     data = pa.concat_tables(_file_tables(str(path), files, schema))
@@ -196,8 +201,7 @@ def read_selected_rows(path: Path, selection: pc.Expression) -> pa.Table | None:
     if table.protocol().min_reader_version > 1:
         return None
     schema = pa.schema(table.schema().to_arrow())
-    actions = pa.table(table.get_add_actions(flatten=False))
-    files = [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
+    files = _data_files(path, table)
     if not files:
         return schema.empty_table()
     import pyarrow.dataset as pads  # only here: it is not needed by most commands
