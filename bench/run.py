@@ -13,9 +13,10 @@ repeated ``--repeat`` times:
   empty_cycle        ``sluice run`` on an empty landing zone (fresh home)
   empty_job          bench/empty_job.py: SparkSession + one trivial job, nothing else
 
-and, first and once per invocation, the steady state (README, "Steady state"): a day of history caught up
-(``catchup_cycle``, ``catchup_bare``), then 8 increments of 15 min, each landed and run through ``sluice run``
-(``incr_cycle``) and the bare job from its warm checkpoint (``incr_bare``), back to back; the next increment
+and, once per invocation after round 1, the steady state (README, "Steady state"): a day of history caught up
+(round 1's ``cycle`` and ``bare_spark`` homes; with ``--steady-only``, ``catchup_cycle`` and ``catchup_bare``),
+then 8 increments of 15 min, each landed and run through ``sluice run`` (``incr_cycle``) and the bare job from
+its warm checkpoint (``incr_bare``), back to back; the next increment
 through one ``airflow dags test`` (``dag_run``) vs one ``spark-submit`` of the bare job (``bare_submit``); and
 4 increments after 7 days vs after 1 day of history at 1/8 of the rate (``incr_long_hist`` / ``incr_short_hist``).
 
@@ -579,8 +580,13 @@ class Bench:
         self.checks: dict[str, dict[str, dict[str, int]]] = {}
         self.started = time.monotonic()
         self.rounds_done = 0
+        self.round_s = 0.0  # the last main round's wall time, to decide whether another fits the budget
         self.steady_s: float | None = None
         self.steady_info: dict[str, Any] = {}  # the steady state's parameters, for the report
+        # Round 1's caught-up homes (the cycle's SLUICE_HOME, the bare job's landing + checkpoint), kept for the
+        # steady state's increments when it runs on the same data set: catching the day up again would repeat
+        # those two runs (~4-5 min here).
+        self.caught_up: dict[str, Path] = {}
         self.notes: list[str] = []
 
     @staticmethod
@@ -634,14 +640,25 @@ class Bench:
     def sluice_env(self, home: Path, now: str) -> dict[str, str]:
         return {**self.env, "SLUICE_HOME": str(home), "SLUICE_NOW": now}
 
-    def bare_spark(self, data: Dataset, rep: int) -> Run:
+    def bare_spark(self, data: Dataset, rep: int, keep: bool = False) -> Run:
+        """With ``keep``, on a copy of the landing zone (the steady state then lands increments into it; the
+        file source's checkpoint knows its files by path), and the home is kept as ``caught_up["bare"]``."""
         out = self._out_dir("bare_spark", data, rep)
+        landing = Path(data.landing)
+        if keep:
+            home = self.work / "homes" / "steady-bare"
+            shutil.rmtree(home, ignore_errors=True)
+            landing, out = home / "landing", home / "out"
+            shutil.copytree(data.landing, landing, copy_function=shutil.copy2)
         run = self.record("bare_spark", data.events, rep, [
-            sys.executable, str(BENCH / "bare_spark_job.py"), "--landing", data.landing, "--out", str(out),
+            sys.executable, str(BENCH / "bare_spark_job.py"), "--landing", str(landing), "--out", str(out),
             *self.spark_args(),
         ])
         self._check("bare_spark", data, "parquet", out)
-        shutil.rmtree(out, ignore_errors=True)
+        if keep and run.rc == 0:
+            self.caught_up["bare"] = out.parent
+        elif not keep:
+            shutil.rmtree(out, ignore_errors=True)
         return run
 
     def spark_batch(self, data: Dataset, rep: int) -> Run:
@@ -664,8 +681,9 @@ class Bench:
         shutil.rmtree(out, ignore_errors=True)
         return run
 
-    def sluice_chain(self, data: Dataset, rep: int, with_backfill: bool = True) -> list[Run]:
-        """(b) a full cycle on a fresh home, then (c) a backfill of every window and a no-op cycle on it."""
+    def sluice_chain(self, data: Dataset, rep: int, with_backfill: bool = True, keep: bool = False) -> list[Run]:
+        """(b) a full cycle on a fresh home, then (c) a backfill of every window and a no-op cycle on it; with
+        ``keep``, the home is kept as ``caught_up["sluice"]``."""
         home = self.fresh_home(data, f"cycle-{data.events}-{rep}")
         env = self.sluice_env(home, data.now)
         runs = [self.record("cycle", data.events, rep, [*self.sluice, "run", PIPELINE, "--now", data.now],
@@ -678,7 +696,10 @@ class Bench:
             self._check("backfill", data, "delta", home / "lake" / "gold")
             runs.append(self.record("noop_cycle", data.events, rep, [*self.sluice, "run", PIPELINE, "--now", data.now],
                                     env=env, parser=parse_sluice))
-        if not self.args.keep:
+        if keep:
+            if all(r.rc in (0, 2) for r in runs):
+                self.caught_up["sluice"] = home
+        elif not self.args.keep:
             shutil.rmtree(home, ignore_errors=True)
         return runs
 
@@ -715,23 +736,36 @@ class Bench:
             self.checks[key] = {"error": {"message": done.stderr.strip()[-300:]}}  # type: ignore[dict-item]
 
     # -- plans ---------------------------------------------------------------------------------------
-    def main_rounds(self, data: Dataset) -> None:
+    def main_rounds(self, data: Dataset, reps: range, keep_first: bool = False) -> None:
+        """Rounds ``reps`` of the main stages; with ``keep_first``, round 1 keeps its caught-up homes for the
+        steady state (``caught_up``)."""
         groups = [
-            lambda rep: [self.bare_spark(data, rep)],
-            lambda rep: self.sluice_chain(data, rep),
+            lambda rep: [self.bare_spark(data, rep, keep=keep_first and rep == 0)],
+            lambda rep: self.sluice_chain(data, rep, keep=keep_first and rep == 0),
             lambda rep: [self.spark_batch(data, rep)],
             lambda rep: [self.duckdb(data, rep)],
             lambda rep: [self.empty_cycle(rep)],
             lambda rep: [self.empty_job(rep)],
         ]
         budget = self.args.budget_min * 60
-        for rep in range(self.args.repeat):
+        for rep in reps:
+            elapsed = time.monotonic() - self.started
+            # The first round always runs (the summary line needs every stage); a later one only if it should
+            # end within the budget, going by the last round's length (the steady state, when it ran between
+            # them, counts as time spent).
+            if rep and budget and self.round_s and elapsed + self.round_s > budget:
+                self.notes.append(
+                    f"stopped after {self.rounds_done} of {self.args.repeat} rounds: another (~{self.round_s / 60:.0f} "
+                    f"min) would end past the {self.args.budget_min:g}-minute budget (--budget-min 0 disables it)"
+                )
+                log(self.notes[-1])
+                return
             round_started = time.monotonic()
             # Alternate: each round starts with the next group, so no stage always runs first (or last).
             k = rep % len(groups)
             for i, group in enumerate(groups[k:] + groups[:k]):
-                # The first round always completes (the summary line needs every stage); later rounds stop
-                # at a group boundary once the budget is spent, e.g. when the machine got busier.
+                # A later round also stops at a group boundary once the budget is spent, e.g. when the machine
+                # got busier.
                 if rep and budget and time.monotonic() - self.started > budget:
                     self.notes.append(f"round {rep + 1} stopped after {i} of {len(groups)} stage groups: the "
                                       f"{self.args.budget_min:g}-minute budget was spent (--budget-min 0 disables it)")
@@ -739,14 +773,7 @@ class Bench:
                     return
                 group(rep)
             self.rounds_done = rep + 1
-            elapsed = time.monotonic() - self.started
-            if rep + 1 < self.args.repeat and budget and elapsed + (time.monotonic() - round_started) > budget:
-                self.notes.append(
-                    f"stopped after {rep + 1} of {self.args.repeat} rounds: another round would exceed the "
-                    f"{self.args.budget_min:g}-minute budget (--budget-min 0 disables it)"
-                )
-                log(self.notes[-1])
-                break
+            self.round_s = time.monotonic() - round_started
 
     def scaling_rounds(self, sizes: Sequence[int]) -> None:
         for size in sizes:
@@ -774,28 +801,40 @@ class Bench:
         self.incremental(ref)
         self.history_ratio(ref)
         self.steady_s = round(time.monotonic() - started, 1)
-        self.notes.append(f"steady state: {self.steady_s:.0f}s, run once before the main rounds (--skip-steady "
-                          f"skips it, --steady-only runs only it)")
+        where = ("after main round 1, on its caught-up homes" if self.steady_info.get("history_from", "").startswith(
+            "main") else "with its own catch-ups")
+        self.notes.append(f"steady state: {self.steady_s:.0f}s, run once, {where} (--skip-steady skips it, "
+                          f"--steady-only runs only it)")
         log(self.notes[-1])
 
     def incremental(self, ref: Dataset) -> None:
         """incr_cycle vs incr_bare: the reference data set (a day at the reference rate) caught up once by
         each side, then the same 15-min increments landed into both and run increment by increment."""
         args = self.args
-        end = _parse_ts(ref.end)
         rate = ref.impressions_per_hour
+        if {"sluice", "bare"} <= self.caught_up.keys():
+            # Round 1 caught the day up (cycle, backfill and no-op cycle; bare_spark) at the data set's now,
+            # the end + 2 h: the idle heartbeat moved sluice's watermarks to now - 30 min, so the increments
+            # start at now (earlier ones would be late). The bare job's first increment also emits the day's
+            # last windows, which its watermark held until then.
+            home, bare = self.caught_up["sluice"], self.caught_up["bare"]
+            end = _parse_ts(ref.now)
+            self.steady_info.update(history_from="main round 1 (cycle, bare_spark)", increments_from=ref.now)
+        else:
+            end = _parse_ts(ref.end)
+            home = self.fresh_home(ref, "steady")
+            bare = self.work / "homes" / "steady-bare"
+            shutil.rmtree(bare, ignore_errors=True)
+            shutil.copytree(ref.landing, bare / "landing", copy_function=shutil.copy2)
+            # The catch-up's now is the history's end + the margin, not + 2 h as for `cycle`: a heartbeat
+            # would push the watermark past the increments to come and send them all to the DLQ.
+            history = {"lines": ref.total_lines, "history_h": ref.hours}
+            self._sluice_run("catchup_cycle", ref.events, 0, home, end + NOW_MARGIN, history)
+            self._bare_run("catchup_bare", ref.events, 0, bare, history)
+            self.steady_info.update(history_from="catchup_cycle, catchup_bare", increments_from=ref.end)
         increments = ensure_span(self.data_root(), end, INCREMENT_SLOTS * INCREMENT_MINUTES / 60, rate,
                                  INCREMENT_MINUTES)
         per_increment = round(rate * INCREMENT_MINUTES / 60)
-        home = self.fresh_home(ref, "steady")
-        bare = self.work / "homes" / "steady-bare"
-        shutil.rmtree(bare, ignore_errors=True)
-        shutil.copytree(ref.landing, bare / "landing", copy_function=shutil.copy2)
-        # The catch-up's now is the history's end + the margin, not + 2 h as for `cycle`: a heartbeat would
-        # push the watermark past the increments to come and send them all to the DLQ.
-        history = {"lines": ref.total_lines, "history_h": ref.hours}
-        self._sluice_run("catchup_cycle", ref.events, 0, home, end + NOW_MARGIN, history)
-        self._bare_run("catchup_bare", ref.events, 0, bare, history)
         for i in range(args.increments):
             lo = end + timedelta(minutes=INCREMENT_MINUTES * i)
             hi = lo + timedelta(minutes=INCREMENT_MINUTES)
@@ -1172,9 +1211,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--kind", choices=("parquet", "delta"), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--budget-min", type=float, default=14.0,
-                        help="stop starting new rounds when the next one would end past this many minutes "
-                             "(make bench must finish in 15; 0 = no budget). The steady state runs first, once, "
-                             "so its time counts against the budget")
+                        help="start another main round only if it should end within this many minutes of the "
+                             "start (0 = no budget). Round 1 always runs, then the steady state once; their time "
+                             "counts against the budget")
     steady = parser.add_mutually_exclusive_group()
     steady.add_argument("--skip-steady", action="store_true", help="skip the steady-state stages")
     steady.add_argument("--steady-only", action="store_true",
@@ -1240,11 +1279,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                                   smoke=args.smoke)
         log(f"data: {data.total_lines:,} lines in {sum(data.files.values())} files, {data.hours} h, "
             f"windows {data.start}..{data.end}, now={data.now}")
+        main = not args.skip_main and not args.steady_only
+        # Round 1 first, keeping its caught-up homes when the steady state runs on the same day; then the
+        # steady state, once; then the other rounds, as the budget allows.
+        reuse = main and ref is not None and ref.landing == data.landing
+        if main:
+            bench.main_rounds(data, range(1), keep_first=reuse)
         if ref is not None:
-            # First, and once: its time is then inside the budget the main rounds check.
             bench.steady_state(ref)
-        if not args.skip_main and not args.steady_only:
-            bench.main_rounds(data)
+        if main:
+            bench.main_rounds(data, range(1, args.repeat))
         sizes: list[int] = []
         if args.scaling:
             sizes = [int(s) for s in args.scaling_sizes.split(",") if s.strip()]
