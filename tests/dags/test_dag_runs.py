@@ -6,7 +6,6 @@ on 127.0.0.1. Nothing is mocked."""
 from __future__ import annotations
 
 import json
-import logging
 import os
 import subprocess
 import sys
@@ -21,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice_tools.generate import GenerateOptions, generate
+from support.logs import logged
 from support.servers import (
     SmtpServer,
     WebhookServer,
@@ -111,17 +111,6 @@ class ScheduledRun:
     orchestration_log: list[str]
 
 
-class _Messages(logging.Handler):
-    """The messages of sluice's Airflow glue (tasks run in-process under ``dag.test()``)."""
-
-    def __init__(self) -> None:
-        super().__init__(logging.INFO)
-        self.messages: list[str] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.messages.append(record.getMessage())
-
-
 @pytest.fixture(scope="module")
 def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Callable[..., Any]) -> ScheduledRun:
     """One scheduled ad_clicks_hourly run on two hours of data, shared by the scheduled-run test and the
@@ -136,16 +125,9 @@ def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Calla
         mp.setenv("SLUICE_NOW", rfc3339(now))
         options = GenerateOptions(hours=2, impressions_per_hour=300, streams=("impressions", "clicks"))
         generate(home / "landing", options)
-        glue, handler = logging.getLogger("sluice.orchestration"), _Messages()
-        level = glue.level
-        glue.addHandler(handler)
-        glue.setLevel(logging.INFO)
-        try:
+        with logged("sluice.orchestration") as messages:  # sluice's Airflow glue, run in-process
             dag_run = run_dag("ad_clicks_hourly", logical_date())
-        finally:
-            glue.removeHandler(handler)
-            glue.setLevel(level)
-    return ScheduledRun(home, now, dag_run, handler.messages)
+    return ScheduledRun(home, now, dag_run, messages)
 
 
 @pytest.mark.spark

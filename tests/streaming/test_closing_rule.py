@@ -5,7 +5,6 @@ for a window that lies exactly on the boundary, and whatever Spark's own waterma
 
 from __future__ import annotations
 
-import logging
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -19,6 +18,7 @@ from sluice.ingest import load_state
 from sluice.storage.ledger import read_ledger
 from sluice.streaming.backfill import run_backfill
 from support.lake import cycle, land, table
+from support.logs import logged
 
 pytestmark = pytest.mark.spark
 
@@ -129,7 +129,7 @@ def _query_batches(settings: Settings) -> dict[str, int]:
 
 
 def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_can(
-    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     """Issue 13: most scheduled cycles cannot close a window; they skip the stateful queries, whose next
     run takes the deferred rows. The window they close is the one a backfill computes."""
@@ -151,12 +151,11 @@ def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_ca
     # W = 07:35: [06:00, 07:00) closes, with the rows the second cycle left in bronze.
     land(settings, "impressions", "i3.jsonl", [imp("i5", "07:45")], at("07:50"))
     land(settings, "clicks", "c3.jsonl", [click("k5", "i5", "07:45")], at("07:50"))
-    with caplog.at_level(logging.INFO, logger="sluice.aggregate"):
+    with logged("sluice.aggregate") as said:
         third = cycle(spark, settings, PIPELINE, at("07:55"))
     assert all(n > ran[o] for o, n in _query_batches(third).items())
     # Both outputs' queries wrote [06:00, 07:00), the only window final now: the batch close has nothing to do
     # and is skipped (it would read bronze and run the transforms to find no window left).
-    said = [r.getMessage() for r in caplog.records if r.name == "sluice.aggregate"]
     assert any("no batch close needed" in m for m in said), said
     assert not any("in batch up to" in m for m in said), said
     assert windows(third)[-1] == (at("06:00"), at("07:00"))
