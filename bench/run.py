@@ -643,13 +643,13 @@ class Bench:
     def bare_spark(self, data: Dataset, rep: int, keep: bool = False) -> Run:
         """With ``keep``, on a copy of the landing zone (the steady state then lands increments into it; the
         file source's checkpoint knows its files by path), and the home is kept as ``caught_up["bare"]``."""
-        out = self._out_dir("bare_spark", data, rep)
-        landing = Path(data.landing)
         if keep:
             home = self.work / "homes" / "steady-bare"
             shutil.rmtree(home, ignore_errors=True)
             landing, out = home / "landing", home / "out"
             shutil.copytree(data.landing, landing, copy_function=shutil.copy2)
+        else:
+            landing, out = Path(data.landing), self._out_dir("bare_spark", data, rep)
         run = self.record("bare_spark", data.events, rep, [
             sys.executable, str(BENCH / "bare_spark_job.py"), "--landing", str(landing), "--out", str(out),
             *self.spark_args(),
@@ -801,18 +801,21 @@ class Bench:
         self.incremental(ref)
         self.history_ratio(ref)
         self.steady_s = round(time.monotonic() - started, 1)
-        where = ("after main round 1, on its caught-up homes" if self.steady_info.get("history_from", "").startswith(
-            "main") else "with its own catch-ups")
+        where = "after main round 1, on its caught-up homes" if self.reuses_round_1 else "with its own catch-ups"
         self.notes.append(f"steady state: {self.steady_s:.0f}s, run once, {where} (--skip-steady skips it, "
                           f"--steady-only runs only it)")
         log(self.notes[-1])
+
+    @property
+    def reuses_round_1(self) -> bool:
+        return {"sluice", "bare"} <= self.caught_up.keys()
 
     def incremental(self, ref: Dataset) -> None:
         """incr_cycle vs incr_bare: the reference data set (a day at the reference rate) caught up once by
         each side, then the same 15-min increments landed into both and run increment by increment."""
         args = self.args
         rate = ref.impressions_per_hour
-        if {"sluice", "bare"} <= self.caught_up.keys():
+        if self.reuses_round_1:
             # Round 1 caught the day up (cycle, backfill and no-op cycle; bare_spark) at the data set's now,
             # the end + 2 h: the idle heartbeat moved sluice's watermarks to now - 30 min, so the increments
             # start at now (earlier ones would be late). The bare job's first increment also emits the day's

@@ -374,6 +374,9 @@ class PipelineRunner:
                                     version=next_version(self.engine, WINDOW_LEDGER.path(self.settings), app))
                 known.update(missing)
 
+    def _mark_closed_through(self, boundary: datetime) -> None:
+        _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
         pipeline = self.pipeline
@@ -385,7 +388,7 @@ class PipelineRunner:
         if after is not None and boundary <= after:
             return
         if not self._window_ends(after, boundary):
-            _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+            self._mark_closed_through(boundary)
             return
         written = {o.name: self._written_windows(o, after) for o in pipeline.outputs}
         self._repair_ledger(written, boundary, watermark)
@@ -394,7 +397,7 @@ class PipelineRunner:
             # The usual case in a scheduled cycle that closes a window: the streaming queries wrote every window
             # the rule makes final, in every output. The batch close would find nothing left to write, after
             # reading bronze and running the pipeline's transforms over it (seconds of Spark jobs).
-            _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+            self._mark_closed_through(boundary)
             log.info("%s: every window final up to %s is in gold already; no batch close needed", pipeline.name,
                      boundary.isoformat())
             return
@@ -424,7 +427,7 @@ class PipelineRunner:
                                      ledger_app=f"sluice.ledger.close.{output.name}")
             finally:
                 rows.unpersist()
-        _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+        self._mark_closed_through(boundary)
         log.info("%s: closed %d window(s) in batch up to %s in %.1fs (watermark %s)", pipeline.name,
                  len(self.result.windows) - closed_before, boundary.isoformat(), time.monotonic() - started,
                  watermark.isoformat() if watermark else "-")
