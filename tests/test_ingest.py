@@ -142,6 +142,10 @@ def test_lateness_is_judged_file_by_file_whatever_the_trigger_size(
         s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
         ingest(spark, s, 63)
         assert [r["impression_id"] for r in table(s, "dlq/impressions")] == ["b"]
+        # The counts agree: with both files in one trigger, f2 is judged against the watermark f1 moved.
+        counts = sorted((r["source_file"].rsplit("/", 1)[-1], r["accepted"], r["late"], r["watermark_before"])
+                        for r in table(s, "ops/ingest_batches") if not r["is_heartbeat"])
+        assert counts == [("f1.jsonl", 1, 0, None), ("f2.jsonl", 0, 1, ts(50))], files_per_trigger
 
 
 def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Settings) -> None:

@@ -40,7 +40,7 @@ from urllib.parse import quote, unquote, urlparse
 
 import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import Column, DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
 
 from sluice.config import Settings
@@ -364,7 +364,8 @@ def mark_duplicates(spec: StreamSpec) -> Any:
         candidate = F.col("reason").isNull()
         # Valid copies rank first: a quarantined copy of the id (bad timestamp, early) is not a record, so it
         # must not make the valid one a duplicate - as it cannot when the two land in different triggers.
-        order = Window.partitionBy(id_col).orderBy(F.col("reason").isNotNull(), "_file_seq", "raw")
+        # Arrival order is (mtime, path), the order batch ids are given in.
+        order = Window.partitionBy(id_col).orderBy(F.col("reason").isNotNull(), "arrival_time", "source_file", "raw")
         ranked = df.withColumn("_rank", F.when(candidate, F.row_number().over(order)))
         is_dup = candidate & ((F.col("_rank") > 1) | F.col("_seen").isNotNull())
         return ranked.withColumn("_duplicate", F.coalesce(is_dup, F.lit(False))).drop("_rank", "_seen")
@@ -405,6 +406,8 @@ class StreamIngest:
         self.dlq = tables.dlq(spec)
         self.checkpoint = settings.checkpoints / "ingest" / spec.name
         self.reports: list[BatchRow] = []
+        # The readable landing files this cycle found new: what the ingest query's batches are made of.
+        self._pending: list[Path] = []
         self._advance: Callable[[int], None] = nothing
 
     # -- setup --------------------------------------------------------------------------------------
@@ -428,6 +431,7 @@ class StreamIngest:
         landing = self.settings.landing_dir(self.spec.name)
         # One listing serves the unreadable-file probe, the "anything to do?" test and the progress total.
         readable = self.quarantine_unreadable(self._new_files(landing)) if landing.is_dir() else []
+        self._pending = readable
         if landing.is_dir() and (readable or self._uncommitted_batch()):
             with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
                 self._run_query(landing)
@@ -536,95 +540,105 @@ class StreamIngest:
 
     # -- one Spark micro-batch ------------------------------------------------------------------------
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
-        spec = self.spec
-        state = load_state(self.settings, spec.name)
-        files: list[tuple[datetime, str]] = sorted(
-            (collected_utc(r["arrival_time"]), r["source_file"])
-            for r in df.select("arrival_time", "source_file").distinct().collect()
-        )
+        state = load_state(self.settings, self.spec.name)
         # Lines Spark read from a file quarantined whole (the start of a truncated .gz) are not records.
-        unreadable = {local_path(r.source_file) for r in state.rows if r.unreadable and r.source_file}
-        skipped = [path for _arrival, path in files if local_path(path) in unreadable]
-        if skipped:
-            files = [(arrival, path) for arrival, path in files if path not in skipped]
-            df = df.filter(~F.col("source_file").isin(skipped))
-        if not files:
-            return
+        unreadable = {r.source_file for r in state.rows if r.unreadable and r.source_file}
+        self._process(df, spark_batch_id, state, unreadable)
+
+    def _process(self, df: DataFrame, spark_batch_id: int, state: StreamState, unreadable: set[str]) -> None:
+        spec = self.spec
+        if unreadable:
+            df = df.filter(~F.col("source_file").isin(sorted(unreadable)))
         existing = sorted(
             (r for r in state.rows if r.spark_batch_id == spark_batch_id and r.query_id == self._query_id),
             key=lambda r: r.batch_id,
         )
-        if existing:
-            # A retry of a batch whose ops rows were committed: reuse exactly the same batch ids.
-            by_file = {r.source_file: r.batch_id for r in existing}
-            first_id = min(by_file.values())
-            seq = {path: by_file[path] for _arrival, path in files}
-        else:
-            first_id = state.last_batch_id + 1
-            seq = {path: first_id + i for i, (_arrival, path) in enumerate(files)}
+        # A retry of a batch whose ops rows were committed reuses exactly the same batch ids.
+        first_id = existing[0].batch_id if existing else state.last_batch_id + 1
         prior = state.before(first_id)
-        last_id = max(seq.values())
-
-        seq_df = self.spark.createDataFrame(list(seq.items()), "source_file string, _file_seq long")
         # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
-        classified = (
-            df.join(F.broadcast(seq_df), "source_file")
-            .transform(parse_lines(spec))
-            .transform(classify_invalid(spec))
-        ).persist(StorageLevel.MEMORY_AND_DISK)
+        classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).persist(
+            StorageLevel.MEMORY_AND_DISK)
         try:
-            flag_seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch(files))
+            flag_seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch())
             parsed = classified.transform(flag_seen).transform(mark_duplicates(spec)).persist(
                 StorageLevel.MEMORY_AND_DISK)
             try:
-                self._finish_batch(parsed, files, seq, prior, spark_batch_id, first_id, last_id)
+                # One Spark job lists the batch's files and counts what happened to their lines.
+                per_file = self._per_file(parsed, prior.watermark)
+                # The file path as Spark spelled it may differ from ours (file_uri): judge by local path.
+                unread = {local_path(u) for u in unreadable}
+                skipped = {path for path in per_file if local_path(path) in unread}
+                if skipped:
+                    self._process(df, spark_batch_id, state, unreadable | skipped)
+                elif per_file:
+                    self._finish_batch(parsed, per_file, existing, prior, spark_batch_id, first_id)
             finally:
                 parsed.unpersist()
         finally:
             classified.unpersist()
 
     @staticmethod
-    def _small_batch(files: list[tuple[datetime, str]]) -> bool:
+    def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, Row]:
+        """Per landing file of the batch: its arrival time, lines, the max event time of its candidate
+        records (valid, not duplicates), and how many lines were quarantined, duplicates, or below
+        ``watermark`` (the stream's watermark before the batch: late, for every file that the batch's own
+        earlier files do not move it past)."""
+        candidate = F.col("reason").isNull() & ~F.col("_duplicate")
+        below = candidate & (F.col("event_time") < F.lit(watermark)) if watermark else F.lit(False)
+        rows = (
+            parsed.groupBy("source_file", "arrival_time")
+            .agg(
+                F.count(F.lit(1)).alias("lines"),
+                F.max(F.when(candidate, F.col("event_time"))).alias("max_event"),
+                F.count(F.when(F.col("reason").isNotNull(), 1)).alias("quarantined"),
+                F.count(F.when(F.col("reason").isNull() & F.col("_duplicate"), 1)).alias("duplicates"),
+                F.count(F.when(below, 1)).alias("below_watermark"),
+            )
+            .collect()
+        )
+        return {r["source_file"]: r for r in rows}
+
+    def _small_batch(self) -> bool:
         """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
-        of its files on disk (metadata, no Spark job). Either way the result is the same."""
-        total = 0
-        for _arrival, uri in files:
+        of the landing files this cycle found on disk (metadata, no Spark job): a batch holds at most
+        ``max_files_per_trigger`` of them. Either way the result is the same."""
+        if not self._pending:
+            # Only a batch planned before a crash is left, of files this cycle no longer lists: size unknown.
+            return False
+        sizes = []
+        for path in self._pending:
             try:
-                size = os.path.getsize(local_path(uri))
+                size = path.stat().st_size
             except OSError:
                 continue
-            total += size * GZIP_RATIO if uri.endswith(".gz") else size
-        return total <= BROADCAST_BATCH_BYTES
+            sizes.append(size * GZIP_RATIO if path.name.endswith(".gz") else size)
+        largest = sorted(sizes, reverse=True)[: self.settings.max_files_per_trigger]
+        return sum(largest) <= BROADCAST_BATCH_BYTES
 
     def _finish_batch(
         self,
         parsed: DataFrame,
-        files: list[tuple[datetime, str]],
-        seq: dict[str, int],
+        per_file: dict[str, Row],
+        existing: list[BatchRow],
         prior: StreamState,
         spark_batch_id: int,
         first_id: int,
-        last_id: int,
     ) -> None:
         spec = self.spec
-        candidate = F.col("reason").isNull() & ~F.col("_duplicate")
-        per_file = {
-            r["_file_seq"]: r
-            for r in parsed.groupBy("_file_seq")
-            .agg(
-                F.count(F.lit(1)).alias("lines"),
-                F.max(F.when(candidate, F.col("event_time"))).alias("max_event"),
-            )
-            .collect()
-        }
-        max_event = {s: collected_utc(r["max_event"]) for s, r in per_file.items() if r["max_event"] is not None}
-        marks = file_watermarks(
-            [(s, max_event.get(s)) for s in seq.values()],
-            prior.watermark,
-            spec.watermark_delay,
-        )
-        marks_df = self.spark.createDataFrame(
-            [(s, before) for s, (before, _after) in marks.items()], "_file_seq long, _wm_before timestamp"
+        # Batch ids follow arrival order (mtime, then path), as one file per trigger would give them.
+        files = sorted((collected_utc(r["arrival_time"]), path) for path, r in per_file.items())
+        if existing:
+            by_file = {r.source_file: r.batch_id for r in existing}
+            seq = {path: by_file[path] for _arrival, path in files}
+        else:
+            seq = {path: first_id + i for i, (_arrival, path) in enumerate(files)}
+        last_id = max(seq.values())
+        max_event = {seq[p]: collected_utc(r["max_event"]) for p, r in per_file.items() if r["max_event"] is not None}
+        marks = file_watermarks([(s, max_event.get(s)) for s in seq.values()], prior.watermark, spec.watermark_delay)
+        files_df = self.spark.createDataFrame(
+            [(path, s, marks[s][0]) for path, s in seq.items()],
+            "source_file string, _file_seq long, _wm_before timestamp",
         )
         status = (
             F.when(F.col("reason").isNotNull(), "quarantined")
@@ -633,23 +647,29 @@ class StreamIngest:
             .otherwise("accepted")
         )
         # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
-        final = parsed.join(F.broadcast(marks_df), "_file_seq").withColumn("_status", status)
-        counts = {
-            (r["_file_seq"], r["_status"]): r["n"]
-            for r in final.groupBy("_file_seq", "_status").agg(F.count(F.lit(1)).alias("n")).collect()
-        }
+        final = parsed.join(F.broadcast(files_df), "source_file").withColumn("_status", status)
+        late = {seq[p]: r["below_watermark"] for p, r in per_file.items()}
+        if any(before != prior.watermark for before, _after in marks.values()):
+            # An earlier file of the batch moved the watermark for a later one (a catch-up of several files):
+            # count those files' late records against their own watermark.
+            late = {s: 0 for s in seq.values()}
+            late.update({
+                r["_file_seq"]: r["n"]
+                for r in final.filter(F.col("_status") == "late").groupBy("_file_seq")
+                .agg(F.count(F.lit(1)).alias("n")).collect()
+            })
         rows = []
         for arrival, path in files:
-            s = seq[path]
+            s, counts = seq[path], per_file[path]
             before, after = marks[s]
-            row = BatchRow(
+            rows.append(BatchRow(
                 stream=spec.name,
                 batch_id=s,
-                lines=per_file[s]["lines"] if s in per_file else 0,
-                accepted=counts.get((s, "accepted"), 0),
-                quarantined=counts.get((s, "quarantined"), 0),
-                late=counts.get((s, "late"), 0),
-                duplicates=counts.get((s, "duplicate"), 0),
+                lines=counts["lines"],
+                accepted=counts["lines"] - counts["quarantined"] - counts["duplicates"] - late[s],
+                quarantined=counts["quarantined"],
+                late=late[s],
+                duplicates=counts["duplicates"],
                 watermark_before=before,
                 watermark_after=after,
                 max_event_time=max_event.get(s),
@@ -657,8 +677,7 @@ class StreamIngest:
                 source_file=path,
                 spark_batch_id=spark_batch_id,
                 query_id=self._query_id,
-            )
-            rows.append(row)
+            ))
         self._commit(final, rows, first_id, last_id)
 
     def _commit(self, final: DataFrame, rows: list[BatchRow], first_id: int, last_id: int) -> None:
