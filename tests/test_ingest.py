@@ -207,6 +207,36 @@ def test_duplicates_within_a_file_across_files_and_across_runs(
     assert per_file == {"f1.jsonl": 1, "f2.jsonl": 1, "f3.jsonl": 2}
 
 
+@pytest.mark.parametrize("writer", ["driver", "spark"])
+def test_a_batchs_quarantined_and_late_lines_are_stored_the_same_whoever_writes_them(
+    spark: SparkSession, settings: Settings, monkeypatch: pytest.MonkeyPatch, writer: str
+) -> None:
+    # A batch's few rejected lines are collected and written by the driver; many are written by Spark jobs.
+    if writer == "spark":
+        monkeypatch.setattr(landing, "DRIVER_WRITE_ROWS", 0)
+    land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
+    ingest(spark, settings, 62)
+    no_ad = json.dumps({"impression_id": "n", "event_time": iso(59)})
+    lines = [imp("late2", 20), "{not json", imp("ok", 59), imp("late1", 30, ad="a2"), no_ad, "[1]"]
+    land(settings, "impressions", "f2.jsonl", lines, arrival_minutes=63)
+    ingest(spark, settings, 64)
+    arrival = ts(63)
+    quarantine = [(r["raw"], r["reason"], r["detail"], r["arrival_time"], r["ingest_batch_id"])
+                  for r in table(settings, "quarantine/impressions")]
+    assert quarantine == [
+        ("[1]", "malformed_json", None, arrival, 1),
+        (no_ad, "missing_field", "missing: ad_id", arrival, 1),
+        ("{not json", "malformed_json", None, arrival, 1),
+    ]
+    dlq = [(r["impression_id"], r["ad_id"], r["event_time"], r["watermark"], r["arrival_time"], r["ingest_batch_id"],
+            r["raw"]) for r in table(settings, "dlq/impressions")]
+    assert dlq == [
+        ("late1", "a2", ts(30), ts(50), arrival, 1, imp("late1", 30, ad="a2")),
+        ("late2", "a1", ts(20), ts(50), arrival, 1, imp("late2", 20)),
+    ]
+    assert all(r["source_file"].endswith("/f2.jsonl") for r in table(settings, "dlq/impressions"))
+
+
 def test_a_duplicate_of_a_dead_lettered_record_counts_once(spark: SparkSession, settings: Settings) -> None:
     land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
     land(settings, "impressions", "f2.jsonl", [imp("old", 0)], arrival_minutes=62)

@@ -42,6 +42,7 @@ import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Row, SparkSession, Window
 from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
@@ -62,6 +63,9 @@ LANDING_GLOB = "*.{json,jsonl,json.gz,jsonl.gz}"
 # broadcast for the dedup look-up (a few tens of MB of ids at most); larger ones are shuffled instead.
 BROADCAST_BATCH_BYTES = 128 << 20
 GZIP_RATIO = 8
+# Up to this many quarantined and late lines in a batch are collected and written by the driver: a Parquet
+# write job per table costs more than the rows. More (a whole file of bad lines) are written by Spark.
+DRIVER_WRITE_ROWS = 10_000
 LANDING_SUFFIXES = (".json", ".jsonl", ".json.gz", ".jsonl.gz")
 LANDING_READ_OPTIONS = {
     # An unreadable file never fails the query: it is quarantined whole before the query runs, and Spark
@@ -719,17 +723,61 @@ class StreamIngest:
             *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
         ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
         totals = {k: sum(getattr(r, k) for r in rows) for k in ("accepted", "quarantined", "late")}
-        for table, frame, n in (
+        writes = [
             (self.bronze, accepted, totals["accepted"]),
             (self.quarantine, quarantined, totals["quarantined"]),
             (self.dlq, late, totals["late"]),
-        ):
+        ]
+        # A few rejected lines (the usual share is about 1%): one Spark job collects both kinds and the driver
+        # writes them, instead of a Parquet write job per table. Not when a late record may hold a timestamp
+        # that Python cannot (before year 1): only its event time is bounded, by EARLIEST_EVENT_TIME.
+        other_times = any(spec.type_of(f) == "timestamp" for f in spec.fields if f != EVENT_TIME)
+        on_driver = 0 < totals["quarantined"] + totals["late"] <= DRIVER_WRITE_ROWS and not other_times
+        for table, frame, n in writes[:1] if on_driver else writes:
             if n:
                 self.engine.append(
                     frame, table.path(self.settings), app_id=appid, version=last_id, metadata=meta
                 )
+        if on_driver:
+            # A quarantined line's parsed values are not stored (and may be out of Python's range): nulls.
+            is_late = F.col("_status") == "late"
+            late_payload = [F.when(is_late, F.col(f"_v_{f}" if f != EVENT_TIME else f)).alias(f) for f in spec.fields]
+            side = final.filter(F.col("_status").isin("quarantined", "late")).select(
+                *late_payload, F.when(is_late, F.col("_wm_before")).alias("watermark"), *lineage, raw.alias("raw"),
+                # Prefixed: a stream may have fields of these names.
+                F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"), "_status",
+            )
+            self._write_rows_on_driver(side.collect(), appid, last_id, meta)
         for row in rows:
             self._report(row)
+
+    def _write_rows_on_driver(self, collected: list[Row], appid: str, version: int, meta: dict[str, Any]) -> None:
+        """Quarantine and DLQ rows of a batch, collected, written as the Spark writes would lay them out:
+        one file per table, rows in (batch, raw line) and (batch, id) order."""
+        by_status: dict[str, list[dict[str, Any]]] = {"quarantined": [], "late": []}
+        for row in collected:
+            record = row.asDict()
+            if record["_status"] == "quarantined":
+                record = {**{k: record[k] for k in ("raw", "source_file", "arrival_time", "ingest_batch_id")},
+                          "reason": record["_q_reason"], "detail": record["_q_detail"]}
+            by_status[row["_status"]].append(record)
+        id_field = self.spec.id_field
+        for table, records, key in (
+            (self.quarantine, by_status["quarantined"], lambda r: (r["ingest_batch_id"], r["raw"])),
+            (self.dlq, by_status["late"], lambda r: (r["ingest_batch_id"], r[id_field])),
+        ):
+            if not records:
+                continue
+            schema = table.schema
+            stamps = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
+            for record in records:
+                for name in stamps:
+                    if record[name] is not None:
+                        record[name] = collected_utc(record[name])
+            self.engine.append_rows(
+                [tuple(r[n] for n in schema.names) for r in sorted(records, key=key)], schema,
+                table.path(self.settings), app_id=appid, version=version, metadata=meta,
+            )
 
     @staticmethod
     def _ops_rows(rows: Iterable[BatchRow]) -> list[tuple[Any, ...]]:
