@@ -561,7 +561,10 @@ class StreamIngest:
         first_id = existing[0].batch_id if existing else state.last_batch_id + 1
         prior = state.before(first_id)
         # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
-        classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).persist(
+        # Parse and classify columns that nothing after them reads: not cached, and not shuffled by dedup.
+        spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
+                 "_bad_encoding", "_malformed"]
+        classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
             flag_seen = seen_in_batch(self._seen_ids(prior, first_id), spec, small=self._small_batch())
