@@ -718,25 +718,23 @@ class StreamIngest:
         # (Spark's base64 may wrap lines MIME-style; the stored text has no line breaks.)
         b64 = F.regexp_replace(F.base64(F.col("raw").cast("binary")), r"\s", "")
         raw = F.when(F.col("reason") == "bad_encoding", b64).otherwise(F.col("raw"))
-        quarantined = final.filter(F.col("_status") == "quarantined").select(
-            raw.alias("raw"), "source_file", "reason", "detail", "arrival_time",
-            F.col("_file_seq").alias("ingest_batch_id"),
-        ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
-        late = final.filter(F.col("_status") == "late").select(
-            *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
-        ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
         totals = {k: sum(getattr(r, k) for r in rows) for k in ("accepted", "quarantined", "late")}
-        writes = [
-            (self.bronze, accepted, totals["accepted"]),
-            (self.quarantine, quarantined, totals["quarantined"]),
-            (self.dlq, late, totals["late"]),
-        ]
         # A few rejected lines (the usual share is about 1%): one Spark job collects both kinds and the driver
         # writes them, instead of a Parquet write job per table. Not when a late record may hold a timestamp
         # that Python cannot (before year 1): only its event time is bounded, by EARLIEST_EVENT_TIME.
         other_times = any(spec.type_of(f) == "timestamp" for f in spec.fields if f != EVENT_TIME)
         on_driver = 0 < totals["quarantined"] + totals["late"] <= DRIVER_WRITE_ROWS and not other_times
-        for table, frame, n in writes[:1] if on_driver else writes:
+        writes = [(self.bronze, accepted, totals["accepted"])]
+        if not on_driver:
+            quarantined = final.filter(F.col("_status") == "quarantined").select(
+                raw.alias("raw"), "source_file", "reason", "detail", "arrival_time",
+                F.col("_file_seq").alias("ingest_batch_id"),
+            ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
+            late = final.filter(F.col("_status") == "late").select(
+                *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
+            ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
+            writes += [(self.quarantine, quarantined, totals["quarantined"]), (self.dlq, late, totals["late"])]
+        for table, frame, n in writes:
             if n:
                 self.engine.append(
                     frame, table.path(self.settings), app_id=appid, version=last_id, metadata=meta
