@@ -88,6 +88,13 @@ INCREMENT_MINUTES = 15
 # every landed file has arrived by then, and no stream is idle (idle_timeout 30 min), so no heartbeat moves a
 # watermark and windows close on the data alone: one hourly window every 4 increments.
 NOW_MARGIN = timedelta(minutes=2)
+# Round 1's clock (the cycle, backfill and no-op cycle): the idle heartbeats at now - 30 min must move the
+# watermarks (heartbeat - 10 min) past the last window's end + the 30-min join bound, so that every window
+# closes in one cycle: now >= end + 1 h 10 min. At end + 1 h 15 min the watermarks stop at end + 35 min, and
+# the steady state's increments, which start at that now, close a window in the 2nd and 6th of 8 (the empty
+# hour after the data, then every 4th), the production mix of one in four. (At end + 2 h they started an
+# hour later and 3 of 8 closed one: the 1st, 3rd and 7th.)
+AFTER_DATA = timedelta(hours=1, minutes=15)
 INCREMENT_SLOTS = 12  # increments generated per span (cached once): room for --increments 8 plus the DAG runs
 HISTORY_HOURS = (24, 168)  # history_ratio: 1 day vs 7 days (smoke: SMOKE_HISTORY_HOURS)
 SMOKE_HISTORY_HOURS = (1, 3)
@@ -143,6 +150,7 @@ def _cached(events: int, root: Path, smoke: bool) -> tuple[Path, Dataset | None]
     marker = target / "dataset.json"
     if marker.exists():
         data = Dataset(**json.loads(marker.read_text()))
+        data.now = _ts(_parse_ts(data.end) + AFTER_DATA)  # a data set cached before AFTER_DATA changed
         if Path(data.landing).is_dir():
             return target, data
     return target, None
@@ -190,9 +198,7 @@ def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     data = Dataset(
         events=events, hours=hours, impressions_per_hour=per_hour,
         start=_ts(DEFAULT_START), end=_ts(end),
-        # Well after the data: idle heartbeats at now - 30 min push every watermark past the last window's
-        # end + the 30-min join bound, so every window closes in one cycle.
-        now=_ts(end + timedelta(hours=2)),
+        now=_ts(end + AFTER_DATA),  # every window closes in one cycle (see AFTER_DATA)
         landing=str(target / "landing"), lines=lines, files=files, accepted=accepted, bytes=size,
         generate_s=round(time.monotonic() - started, 1),
     )
@@ -816,10 +822,10 @@ class Bench:
         args = self.args
         rate = ref.impressions_per_hour
         if self.reuses_round_1:
-            # Round 1 caught the day up (cycle, backfill and no-op cycle; bare_spark) at the data set's now,
-            # the end + 2 h: the idle heartbeat moved sluice's watermarks to now - 30 min, so the increments
-            # start at now (earlier ones would be late). The bare job's first increment also emits the day's
-            # last windows, which its watermark held until then.
+            # Round 1 caught the day up (cycle, backfill and no-op cycle; bare_spark) at the data set's now
+            # (AFTER_DATA): the idle heartbeat moved sluice's watermarks to now - 40 min, so the increments
+            # start at now. The bare job's first increment also emits the day's last windows, which its
+            # watermark held until then.
             home, bare = self.caught_up["sluice"], self.caught_up["bare"]
             end = _parse_ts(ref.now)
             self.steady_info.update(history_from="main round 1 (cycle, bare_spark)", increments_from=ref.now)
@@ -829,7 +835,7 @@ class Bench:
             bare = self.work / "homes" / "steady-bare"
             shutil.rmtree(bare, ignore_errors=True)
             shutil.copytree(ref.landing, bare / "landing", copy_function=shutil.copy2)
-            # The catch-up's now is the history's end + the margin, not + 2 h as for `cycle`: a heartbeat
+            # The catch-up's now is the history's end + the margin, not AFTER_DATA as for `cycle`: a heartbeat
             # would push the watermark past the increments to come and send them all to the DLQ.
             history = {"lines": ref.total_lines, "history_h": ref.hours}
             self._sluice_run("catchup_cycle", ref.events, 0, home, end + NOW_MARGIN, history)

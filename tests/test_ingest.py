@@ -299,3 +299,32 @@ def test_a_quarantined_copy_does_not_make_the_valid_record_a_duplicate(
         assert [r["impression_id"] for r in table(s, "bronze/impressions")] == ["a"], files_per_trigger
         assert [r["reason"] for r in table(s, "quarantine/impressions")] == ["bad_timestamp"]
         assert load_state(s, "impressions").totals()["duplicates"] == 0
+
+
+def _last_stage_id(spark: SparkSession) -> int:
+    """The id of the last stage so far: that of a trivial job run now (it has no job group)."""
+    spark.sparkContext.parallelize([1], 1).count()
+    tracker = spark.sparkContext.statusTracker()
+    job = tracker.getJobInfo(max(tracker.getJobIdsForGroup(None)))
+    assert job is not None
+    return max(job.stageIds)
+
+
+def test_a_many_file_batch_is_listed_in_a_few_tasks_also_when_the_next_cycle_restarts(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """Spark's file source lists each batch's files, and on restart its checkpoint's last batch again; by
+    default that is a job with one task per file (seconds per cycle after a catch-up of hundreds of files)."""
+    files = 40  # above Spark's 32-path threshold for a listing job
+    for i in range(files):
+        land(settings, "impressions", f"f{i:02d}.jsonl", [imp(f"i{i}", i / 10)], arrival_minutes=5 + i / 100)
+    first = _last_stage_id(spark)
+    ingest(spark, settings, 10)
+    land(settings, "impressions", "next.jsonl", [imp("next", 6)], arrival_minutes=7)
+    ingest(spark, settings, 10)
+    last = _last_stage_id(spark)
+    tracker = spark.sparkContext.statusTracker()
+    stages = [s for s in (tracker.getStageInfo(i) for i in range(first + 1, last)) if s is not None]
+    assert stages, "no stage of the two cycles is known to the status tracker"
+    assert max(s.numTasks for s in stages) < files, sorted((s.numTasks, s.name) for s in stages)[-3:]
+    assert len(table(settings, "bronze/impressions")) == files + 1
