@@ -22,7 +22,7 @@ from sluice.config import Settings
 from sluice.ingest.landing import load_state, local_path, run_ingest
 from sluice.storage.engine import RsDeltaEngine
 from sluice.storage.ledger import read_ledger
-from support import lake
+from support import lake, two_streams
 from support.lake import table
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
 
@@ -352,3 +352,94 @@ def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -
     assert proc.returncode == 0, err[-2000:]
     assert "waiting for the stream lock held by pid" in err and "a cycle in another process" in err
     assert bronze_ids(settings, "impressions") == ["a"]
+
+
+# -- A team's own two streams: readings (event time `event_time`) and txns (event time declared as `ts`) ------
+TWO = two_streams.STREAMS
+
+
+def two_home(tmp_path: Path) -> Settings:
+    return two_streams.two_stream_home(tmp_path)
+
+
+def two_line(stream: str, rid: str, minutes: float = 1, **override: Any) -> str:
+    return json.dumps(two_streams.record(stream, rid, ts(minutes), **override))
+
+
+def two_ids(settings: Settings, stream: str) -> list[str]:
+    key = two_streams.ID_FIELD[stream]
+    return sorted(r[key] for r in table(settings, f"bronze/{stream}") if not r["is_heartbeat"])
+
+
+@pytest.mark.parametrize("stream", TWO)
+def test_a_line_with_content_after_its_json_object_is_malformed_and_kept_whole(
+    spark: SparkSession, tmp_path: Path, stream: str
+) -> None:
+    """Spark's try_parse_json reads the first JSON value of a line and ignores the rest, so
+    ``{a}{b}`` used to give one accepted record and lose ``b`` without a trace."""
+    settings = two_home(tmp_path)
+    a, b = two_line(stream, "a"), two_line(stream, "b")
+    nested = json.dumps({**two_streams.record(stream, "n", ts(1)), "meta": {"tags": ["x}", "{y"], "q": '"}'}})
+    bad = [a + b, a + " xyz", a + "\0", a + "}", a + ' "tail"', nested + " {}", nested + nested]
+    good = [two_line(stream, "g1"), nested, a.replace("{", " {", 1) + " \t\r"]
+    lake.land(settings, stream, "mixed.jsonl", [good[0], *bad, good[1], good[2]], ts(2))
+    done = ingest_two(spark, settings, 3, stream)
+
+    assert two_ids(done, stream) == ["a", "g1", "n"]
+    quarantine = table(done, f"quarantine/{stream}")
+    assert sorted(r["raw"] for r in quarantine) == sorted(bad)  # the raw text is kept whole
+    assert {r["reason"] for r in quarantine} == {"malformed_json"}
+    assert balanced(done, stream) == {"lines": 10, "accepted": 3, "quarantined": 7, "late": 0, "duplicates": 0}
+
+
+@pytest.mark.parametrize("stream", TWO)
+def test_blank_text_in_an_optional_number_or_boolean_is_bad_type_not_null(
+    spark: SparkSession, tmp_path: Path, stream: str
+) -> None:
+    """SPEC 2: text where a number or boolean is declared is bad_type; a value is never silently changed.
+    Blank text counts as missing only for a required field."""
+    settings = two_home(tmp_path)
+    optional = ["temp_c", "seq", "ok"] if stream == "readings" else ["amount"]
+    required_text = "device_id"
+    lines = [two_line(stream, f"blank-{f}", **{f: ""}) for f in optional]
+    lines += [two_line(stream, "spaces", **{optional[0]: "  "}), two_line(stream, "no-device", **{required_text: " "}),
+              two_line(stream, "null-ok", **{optional[0]: None}), two_line(stream, "fine")]
+    lake.land(settings, stream, "blank.jsonl", lines, ts(2))
+    done = ingest_two(spark, settings, 3, stream)
+
+    assert two_ids(done, stream) == ["fine", "null-ok"]
+    reasons = {json.loads(r["raw"])[two_streams.ID_FIELD[stream]]: (r["reason"], r["detail"])
+               for r in table(done, f"quarantine/{stream}")}
+    kinds = {"temp_c": "double", "seq": "long", "ok": "boolean", "amount": "double"}
+    assert reasons == {
+        **{f"blank-{f}": ("bad_type", f"{f}:  is not a {kinds[f]}") for f in optional},
+        "spaces": ("bad_type", f"{optional[0]}:    is not a {kinds[optional[0]]}"),
+        "no-device": ("missing_field", "missing: device_id"),
+    }
+    balanced(done, stream)
+
+
+def test_a_renamed_event_time_is_event_time_in_bronze_and_the_dlq_and_its_declared_name_in_user_code(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """README "Tables": a stream's event time is stored as ``event_time`` whatever its declared name, so
+    every stream's tables share one time column; build functions see the declared name (``ts``)."""
+    from sluice.streaming.runner import batch_inputs
+
+    settings = two_home(tmp_path)
+    lake.land(settings, "txns", "t1.jsonl", [two_line("txns", "t1", 30)], ts(31))
+    lake.land(settings, "txns", "t2.jsonl", [two_line("txns", "late", 1)], ts(32))
+    ingest_two(spark, settings, 33, "readings")
+    done = ingest_two(spark, settings, 33, "txns")
+    [bronze] = [r for r in table(done, "bronze/txns") if not r["is_heartbeat"]]
+    assert bronze["event_time"] == ts(30) and "ts" not in bronze
+    [late] = table(done, "dlq/txns")
+    assert late["event_time"] == ts(1) and "ts" not in late and json.loads(late["raw"])["ts"]
+    pipeline = done.pipeline(two_streams.PIPELINE)
+    frame = batch_inputs(done, RsDeltaEngine(spark), pipeline, None, ts(60))["txns"]
+    assert frame.columns == ["txn_id", "device_id", "amount", "ts"]
+    assert [r["ts"].astimezone(UTC) for r in frame.collect()] == [ts(30)]
+
+
+def ingest_two(spark: SparkSession, settings: Settings, now_minutes: float, stream: str) -> Settings:
+    return ingest(spark, settings, now_minutes, stream)

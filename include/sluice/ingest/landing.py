@@ -226,8 +226,9 @@ def parse_lines(spec: StreamSpec) -> Any:
     def transform(df: DataFrame) -> DataFrame:
         utf8 = F.is_valid_utf8("raw")
         doc = F.when(utf8, F.try_parse_json("raw"))
+        not_one_object = doc.isNull() | ~F.col("raw").rlike(r"^\s*\{") | _trailing_content(F.col("raw"))
         df = df.select("*", doc.alias("_doc"), (~utf8).alias("_bad_encoding"),
-                       (utf8 & (doc.isNull() | ~F.col("raw").rlike(r"^\s*\{"))).alias("_malformed"))
+                       (utf8 & not_one_object).alias("_malformed"))
         df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
                               for f in spec.fields])
         df = df.select("*", *[F.schema_of_variant(f"_j_{f}").alias(f"_t_{f}") for f in spec.fields])
@@ -236,6 +237,40 @@ def parse_lines(spec: StreamSpec) -> Any:
         return df.select("*", *values).drop("_doc", *[f"_j_{f}" for f in spec.fields])
 
     return transform
+
+
+# JSON text with its strings blanked (``"a}b"`` -> ``""``), so that only structure is left. The unrolled,
+# possessive form never backtracks, so a long line costs one pass.
+JSON_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+JSON_SPACE = "[ \t\r\n]*"
+
+
+def _count(text: Column, char: str) -> Column:
+    return F.length(text) - F.length(F.replace(text, F.lit(char), F.lit("")))
+
+
+def _trailing_content(raw: Column) -> Column:
+    """Whether a line that starts with a JSON object holds anything but whitespace after it
+    (``{...}{...}``, ``{...} xyz``, ``{...}\\0``). Spark's ``try_parse_json`` returns the first value and
+    ignores the rest, so without this the second record of ``{...}{...}`` would vanish without a trace.
+
+    A flat object (one ``{`` and one ``}``, the last character) is settled by counting. Otherwise the
+    strings are blanked and the brackets walked: the first object must close exactly at the end."""
+    ends_with_brace = r"\}" + JSON_SPACE + "$"
+    flat = (_count(raw, "{") == 1) & (_count(raw, "}") == 1) & raw.rlike(ends_with_brace)
+    structure = F.regexp_replace(raw, JSON_STRING, '""')
+    brackets = F.split(F.regexp_replace(structure, r"[^\[\]{}]", ""), "")
+    # (depth, how often the depth fell to 0 or below): a single object reaches 0 once, at its last bracket.
+    walk = F.aggregate(
+        brackets, F.struct(F.lit(0).alias("depth"), F.lit(0).alias("closed")),
+        lambda acc, c: F.struct(
+            (acc["depth"] + F.when(c.isin("{", "["), 1).otherwise(-1)).alias("depth"),
+            (acc["closed"] + F.when(acc["depth"] + F.when(c.isin("{", "["), 1).otherwise(-1) <= 0, 1)
+             .otherwise(0)).alias("closed"),
+        ),
+    )
+    one_object = structure.rlike(ends_with_brace) & (walk["depth"] == 0) & (walk["closed"] == 1)
+    return F.when(flat, F.lit(False)).otherwise(~one_object)
 
 
 def _is_number(field_name: str) -> Column:
@@ -278,10 +313,15 @@ def classify_invalid(spec: StreamSpec) -> Any:
     early), in that order, with a ``detail`` that names the field."""
 
     def transform(df: DataFrame) -> DataFrame:
-        def absent(f: str) -> Column:
+        def null(f: str) -> Column:
             jtype = F.col(f"_t_{f}")
-            blank = (jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == "")
-            return jtype.isNull() | (jtype == "VOID") | blank
+            return jtype.isNull() | (jtype == "VOID")
+
+        def absent(f: str) -> Column:
+            # Blank text counts as missing only where a value is required; in an optional number or
+            # boolean it is text where a number is declared (bad_type), never a silent null.
+            jtype = F.col(f"_t_{f}")
+            return null(f) | ((jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == ""))
 
         missing = [absent(f) for f in spec.required]
         missing_names = F.concat_ws(
@@ -294,7 +334,7 @@ def classify_invalid(spec: StreamSpec) -> Any:
         for m in missing:
             any_missing = any_missing | m
         # Fields other than event_time whose JSON value the declared type cannot hold.
-        wrong = [(f, ~absent(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
+        wrong = [(f, ~null(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
         bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
         bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
 
