@@ -17,6 +17,7 @@ from sluice.config import Settings, load_settings
 from sluice.ingest import load_state
 from sluice.storage.ledger import read_ledger
 from sluice.streaming.backfill import run_backfill
+from support import two_streams
 from support.lake import cycle, land, table
 from support.logs import logged
 
@@ -169,3 +170,103 @@ def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_ca
     before = (gold(third), gold(third, "unmatched_clicks_hourly"))
     run_backfill(third, PIPELINE, at("06:00"), at("07:00"), spark=spark, deliver_alerts=False)
     assert (gold(third), gold(third, "unmatched_clicks_hourly")) == before
+
+
+# -- A team's own two-stream pipeline (issue 25): one W per pipeline, and records at the watermark -------------
+def two_home(tmp_path: Path) -> Settings:
+    # 15-min windows every 5 min, 2-min delays, 10-min join bound; no batch catch-up, so streaming is under test.
+    return replace(two_streams.two_stream_home(tmp_path, with_join=False), catchup_min_windows=0)
+
+
+def two_gold(settings: Settings, output: str, metric: str) -> dict[tuple[datetime, datetime], dict[str, int]]:
+    out: dict[tuple[datetime, datetime], dict[str, int]] = {}
+    for r in table(settings, f"gold/{output}"):
+        out.setdefault((r["window_start"], r["window_end"]), {})[r["device_id"]] = r[metric]
+    return out
+
+
+def from_bronze(settings: Settings, stream: str, boundary: datetime) -> dict[tuple[datetime, datetime], dict[str, int]]:
+    """What gold must hold: per final 15-min window (every 5 min, ending at or before ``boundary``) and device,
+    the accepted records of bronze in it."""
+    rows = [r for r in table(settings, f"bronze/{stream}") if not r["is_heartbeat"]]
+    out: dict[tuple[datetime, datetime], dict[str, int]] = {}
+    for r in rows:
+        t = r["event_time"]
+        start = t.replace(minute=t.minute - t.minute % 5, second=0, microsecond=0)
+        for k in range(3):
+            window = (start - timedelta(minutes=5 * k), start - timedelta(minutes=5 * k) + timedelta(minutes=15))
+            if window[1] <= boundary:
+                per_device = out.setdefault(window, {})
+                per_device[r["device_id"]] = per_device.get(r["device_id"], 0) + 1
+    return out
+
+
+def assert_gold_is_exactly_the_final_windows(settings: Settings) -> datetime:
+    from sluice.streaming.runner import closing_boundary
+
+    boundary = closing_boundary(settings, settings.pipeline(two_streams.PIPELINE))
+    assert boundary is not None
+    for stream, output, metric in (("readings", two_streams.READINGS_OUT, "readings"),
+                                   ("txns", two_streams.TXNS_OUT, "txns")):
+        assert two_gold(settings, output, metric) == from_bronze(settings, stream, boundary), output
+    return boundary
+
+
+@pytest.mark.parametrize("stream", two_streams.STREAMS)
+def test_a_record_accepted_exactly_at_the_watermark_is_in_every_streaming_window_that_holds_it(
+    spark: SparkSession, tmp_path: Path, stream: str
+) -> None:
+    """Ingest accepts ``event_time == watermark`` (late is below it); Spark's stateful operators drop
+    ``event_time <= their watermark``. The record at 09:58 must reach all three hopping windows that hold it,
+    on the streaming path, as a backfill computes them."""
+    settings = two_home(tmp_path)
+    other = "txns" if stream == "readings" else "readings"
+    rec = two_streams.record
+    land(settings, stream, "f1.jsonl", [rec(stream, "x0", at("09:50")), rec(stream, "x1", at("10:00"))], at("10:01"))
+    land(settings, other, "o1.jsonl", [rec(other, "y1", at("10:00"))], at("10:01"))
+    cycle(spark, settings, two_streams.PIPELINE, at("10:01"))
+    # Exactly at the stream's watermark (10:00 - 2 min): accepted.
+    land(settings, stream, "f2.jsonl", [rec(stream, "at-watermark", at("09:58"))], at("10:03"))
+    second = cycle(spark, settings, two_streams.PIPELINE, at("10:03"))
+    [batch] = [r for r in load_state(second, stream).rows if r.source_file and r.source_file.endswith("f2.jsonl")]
+    assert (batch.accepted, batch.late, batch.watermark_before) == (1, 0, at("09:58"))
+    # Both streams move on: W = 10:23, so the windows ending by 10:13 close, through the streaming queries.
+    for name in (stream, other):
+        land(settings, name, "f3.jsonl", [rec(name, f"{name}-late-on", at("10:25"))], at("10:26"))
+    third = cycle(spark, settings, two_streams.PIPELINE, at("10:26"))
+    boundary = assert_gold_is_exactly_the_final_windows(third)
+    assert boundary == at("10:13")
+    holding = [(at(s), at(e)) for s, e in (("09:45", "10:00"), ("09:50", "10:05"), ("09:55", "10:10"))]
+    output, metric = ((two_streams.READINGS_OUT, "readings") if stream == "readings"
+                      else (two_streams.TXNS_OUT, "txns"))
+    assert [two_gold(third, output, metric)[w]["d1"] for w in holding] == [2, 3, 2]
+    # The same windows from a backfill.
+    before = two_gold(third, output, metric)
+    run_backfill(third, two_streams.PIPELINE, at("09:45"), at("10:00"), spark=spark, deliver_alerts=False)
+    assert two_gold(third, output, metric) == before
+
+
+@pytest.mark.parametrize("ahead", two_streams.STREAMS)
+def test_an_output_of_one_stream_closes_on_the_pipelines_watermark_not_its_streams(
+    spark: SparkSession, tmp_path: Path, ahead: str
+) -> None:
+    """README: one W per pipeline. An output reading only the stream that is ahead must not write a window
+    before W (the minimum over the pipeline's streams) reaches its end + bound; it writes it once W does."""
+    settings = two_home(tmp_path)
+    behind = "txns" if ahead == "readings" else "readings"
+    rec = two_streams.record
+    land(settings, ahead, "a1.jsonl", [rec(ahead, f"a{i}", at("10:00") + timedelta(minutes=4 * i)) for i in range(11)],
+         at("10:40"))
+    land(settings, behind, "b1.jsonl", [rec(behind, "b0", at("10:00")), rec(behind, "b1", at("10:12"))], at("10:13"))
+    first = cycle(spark, settings, two_streams.PIPELINE, at("10:41"))
+    # W = min(10:38, 10:10) = 10:10: nothing ending after 10:00 may be in any gold table.
+    assert assert_gold_is_exactly_the_final_windows(first) == at("10:00")
+    assert {e for o in (two_streams.READINGS_OUT, two_streams.TXNS_OUT)
+            for (_s, e) in two_gold(first, o, "device_id")} <= {at("10:00")}
+
+    land(settings, behind, "b2.jsonl", [rec(behind, "b2", at("10:39"))], at("10:40"))
+    second = cycle(spark, settings, two_streams.PIPELINE, at("10:42"))
+    # W = 10:37: the windows the ahead output's query emitted early are written now, complete.
+    assert assert_gold_is_exactly_the_final_windows(second) == at("10:27")
+    ends = {e for (_s, e) in two_gold(second, f"two_streams_{ahead}", "device_id")}
+    assert max(ends) == at("10:25")

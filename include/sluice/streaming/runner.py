@@ -14,8 +14,12 @@ queries, the batch catch-up, the batch close below, and backfills.
 **Streaming and the batch close.** Each output's streaming query (Spark's stateful operators, RocksDB
 state) writes the windows Spark closes. Spark closes on its own watermark, which only moves with rows it
 sees (never heartbeats), treats ``event_time <= watermark`` as late, evicts ``<=`` join state a
-millisecond later than the rule above, and forgets an input with no rows after a restart. So Spark never
-closes a window *before* the rule, but it may close it later. After the streaming queries, every window
+millisecond later than the rule above, and forgets an input with no rows after a restart. An output that
+reads only some of the pipeline's streams has a Spark watermark of those streams only, which can run ahead
+of ``W``: so the sink keeps only the windows the rule makes final in this cycle (``window_end <= W -
+lateness_bound``), and any window Spark emitted early is written by the batch close once ``W`` passes it.
+(Spark's own watermark runs one millisecond behind the stored one, see :func:`spark_delay`, so that a record
+accepted exactly at the watermark still reaches every window that holds it.) After the streaming queries, every window
 the rule makes final that is not in gold yet is computed in batch from bronze (the backfill code path:
 same transforms, same rows) and committed the same way; ``closed_through`` records the boundary
 (``W - lateness_bound``) it reached, and the streaming sink drops windows ending at or before it. After
@@ -53,7 +57,7 @@ from pyspark.sql.types import StructField, StructType
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
 from sluice.core.spark import collected_utc
-from sluice.core.windows import WindowSpec, spark_interval
+from sluice.core.windows import WindowSpec
 from sluice.ingest.landing import load_state
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
@@ -107,10 +111,20 @@ def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:
     columns = [F.col(f).alias(spec.json_name(f)) if f == EVENT_TIME else F.col(f) for f in spec.fields]
     rows = df.filter(~F.col("is_heartbeat")).select(*columns) if "is_heartbeat" in df.columns else df.select(*columns)
     if rows.isStreaming:
-        return rows.withWatermark(spec.time_field, spark_interval(spec.watermark_delay)).dropDuplicatesWithinWatermark(
+        return rows.withWatermark(spec.time_field, spark_delay(spec.watermark_delay)).dropDuplicatesWithinWatermark(
             [spec.id_field]
         )
     return rows.dropDuplicates([spec.id_field])
+
+
+def spark_delay(delay: timedelta) -> str:
+    """The delay of Spark's own watermark on bronze: the stream's delay plus one millisecond.
+
+    Ingest accepts a record at exactly its watermark (late is ``event_time < watermark``), but Spark's
+    stateful operators drop ``event_time <= watermark`` as late. Spark's watermark on bronze is never ahead
+    of the ingest watermark a record was judged against (it is computed from the same or fewer earlier
+    rows, truncated to milliseconds), so one millisecond more keeps every accepted record above it."""
+    return f"{delay // timedelta(milliseconds=1) + 1} milliseconds"
 
 
 def batch_inputs(
@@ -215,6 +229,8 @@ class PipelineRunner:
         self.pipeline = pipeline
         self.result = AggregateResult(pipeline.name)
         self._turnstile = _Turnstile(len(pipeline.outputs))
+        # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
+        self._boundary: datetime | None = None
 
     def checkpoint(self, output: OutputDef) -> Path:
         return self.settings.checkpoints / "pipelines" / self.pipeline.name / output.name
@@ -273,6 +289,7 @@ class PipelineRunner:
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
         # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
         self._turnstile = _Turnstile(len(self.pipeline.outputs))
+        self._boundary = closing_boundary(self.settings, self.pipeline)
         running: list[tuple[int, StreamingQuery, Path, dict[str, int]]] = []
         try:
             for index, output in enumerate(self.pipeline.outputs):
@@ -561,6 +578,10 @@ class PipelineRunner:
         if after is not None:
             # Windows up to this boundary were written by the batch catch-up or the batch close.
             rows = rows.filter(F.col("window_end") > F.lit(after))
+        # One W per pipeline: an output whose own streams' watermark is ahead of W writes nothing the rule
+        # has not made final; the batch close writes such a window once W passes it.
+        boundary = self._boundary
+        rows = rows.filter(F.lit(False) if boundary is None else F.col("window_end") <= F.lit(boundary))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
