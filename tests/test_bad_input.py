@@ -443,3 +443,30 @@ def test_a_renamed_event_time_is_event_time_in_bronze_and_the_dlq_and_its_declar
 
 def ingest_two(spark: SparkSession, settings: Settings, now_minutes: float, stream: str) -> Settings:
     return ingest(spark, settings, now_minutes, stream)
+
+
+@pytest.mark.parametrize("stream", TWO)
+def test_glob_characters_in_file_names_read_every_file_once(spark: SparkSession, tmp_path: Path, stream: str) -> None:
+    """SPARK-58518: a file named with ``[ ] { } * ? \\`` in a trigger made Spark read the trigger's other files
+    once more per such name; sluice counted the copies as duplicates (``lines=4`` for a 2-line file)."""
+    settings = two_home(tmp_path)
+    names = ["a.jsonl", "r-[1]{a,b}*?.jsonl", "x*.jsonl", "q?.jsonl", "b[ac].jsonl", "back\\slash.jsonl",
+             "{a,b}.jsonl", "empty[1].jsonl"]
+    for i, name in enumerate(names):
+        lines = [] if name.startswith("empty") else [two_line(stream, f"n{i}-1"), two_line(stream, f"n{i}-2")]
+        lake.land(settings, stream, name, lines, ts(2))
+    # A file in a subfolder is not a landing file (and never was).
+    lake.land(settings, f"{stream}/sub", "nested.jsonl", [two_line(stream, "nested")], ts(2))
+    done = ingest_two(spark, settings, 3, stream)
+
+    assert two_ids(done, stream) == sorted(f"n{i}-{k}" for i in range(len(names) - 1) for k in (1, 2))
+    per_file = {Path(local_path(r.source_file or "")).name: (r.lines, r.accepted, r.duplicates)
+                for r in load_state(done, stream).rows if not r.is_heartbeat}
+    assert per_file == {name: (2, 2, 0) for name in names[:-1]}
+    assert balanced(done, stream) == {"lines": 14, "accepted": 14, "quarantined": 0, "late": 0, "duplicates": 0}
+
+    # The next cycle reads only its new file, once, next to a glob-named one.
+    lake.land(settings, stream, "later.jsonl", [two_line(stream, "later", 20)], ts(21))
+    lake.land(settings, stream, "later[2].jsonl", [two_line(stream, "later2", 20)], ts(21))
+    later = ingest_two(spark, settings, 22, stream)
+    assert balanced(later, stream) == {"lines": 16, "accepted": 16, "quarantined": 0, "late": 0, "duplicates": 0}

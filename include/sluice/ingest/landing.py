@@ -77,6 +77,11 @@ LANDING_READ_OPTIONS = {
     # needs the checksumming one.
     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "fs.file.impl.disable.cache": "true",
+    # SPARK-58518 (Spark 4.2.0): when a micro-batch holds a file whose name has one of [ ] { } * ? \, Spark
+    # builds the batch with every other path of the batch once more per such name, so their lines are read
+    # twice or more. With a recursive lookup the file index takes each file once from its listing. It also
+    # lists the files of subfolders, which are not landing files: _process drops them.
+    "recursiveFileLookup": "true",
 }
 
 
@@ -615,7 +620,7 @@ class StreamIngest:
                 per_file = self._per_file(parsed, prior.watermark)
                 # The file path as Spark spelled it may differ from ours (file_uri): judge by local path.
                 unread = {local_path(u) for u in unreadable}
-                skipped = {path for path in per_file if local_path(path) in unread}
+                skipped = {path for path in per_file if local_path(path) in unread or self._nested(path)}
                 if skipped:
                     self._process(df, spark_batch_id, state, unreadable | skipped)
                 elif per_file:
@@ -624,6 +629,16 @@ class StreamIngest:
                 parsed.unpersist()
         finally:
             classified.unpersist()
+
+    def _nested(self, path: str) -> bool:
+        """Whether a file Spark read lies in a subfolder of the landing folder (the recursive lookup lists
+        those too): landing files are the folder's own files, as the listing of new files has them."""
+        folder = os.path.normpath(self.settings.landing_dir(self.spec.name))
+        nested = os.path.dirname(os.path.normpath(local_path(path))) != folder
+        if nested:
+            log.warning("%s: ignoring %s: landing files must sit directly in %s", self.spec.name,
+                        local_path(path), folder)
+        return nested
 
     @staticmethod
     def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, Row]:
