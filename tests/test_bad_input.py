@@ -470,3 +470,66 @@ def test_glob_characters_in_file_names_read_every_file_once(spark: SparkSession,
     lake.land(settings, stream, "later[2].jsonl", [two_line(stream, "later2", 20)], ts(21))
     later = ingest_two(spark, settings, 22, stream)
     assert balanced(later, stream) == {"lines": 16, "accepted": 16, "quarantined": 0, "late": 0, "duplicates": 0}
+
+
+def test_every_class_of_bad_input_on_two_streams_balances_to_the_lines_landed_and_reaches_gold(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 25's accounting: every class of bad input, among good lines, on both streams, over three cycles,
+    each cycle run twice. Every landed line ends in exactly one place (bronze, quarantine, the DLQ or the
+    duplicate count; an unreadable file counts as one line), and every accepted record is counted in each
+    of the three 15-minute windows that hold it, once the streams go idle."""
+    from sluice.storage.ledger import read_ledger
+
+    settings = replace(two_home(tmp_path), catchup_min_windows=0)
+    landed = {s: 0 for s in TWO}
+
+    def land(stream: str, name: str, lines: list[str], arrival: float) -> None:
+        lake.land(settings, stream, name, lines, ts(arrival))
+        landed[stream] += len(lines)
+
+    def bad_lines(stream: str, tag: str, minutes: float) -> list[str]:
+        good = two_line(stream, f"{tag}-ok", minutes)
+        key = two_streams.ID_FIELD[stream]
+        optional = "temp_c" if stream == "readings" else "amount"
+        return [
+            good,
+            good + two_line(stream, f"{tag}-glued", minutes),  # content after the object
+            good[:-1] + ', "x": 1} trailing',
+            "not json at all",
+            json.dumps({key: f"{tag}-nokey"}),  # required fields missing
+            two_line(stream, f"{tag}-badts", minutes, **{two_streams.TIME_FIELD[stream]: "yesterday"}),
+            two_line(stream, f"{tag}-blank", minutes, **{optional: ""}),
+            two_line(stream, f"{tag}-early", minutes + 60),
+            two_line(stream, f"{tag}-obj", minutes, device_id={"a": 1}),
+            good,  # a duplicate within the file
+        ]
+
+    for cycle_no, base in enumerate((0, 20, 40)):
+        for stream in TWO:
+            land(stream, f"c{cycle_no}-[{stream}]{{x}}.jsonl", bad_lines(stream, f"c{cycle_no}", base + 1), base + 2)
+            # Exactly at the watermark the file before it left (its max event time base + 1, minus the 2-min delay).
+            if cycle_no:
+                land(stream, f"c{cycle_no}-at-wm.jsonl", [two_line(stream, f"c{cycle_no}-at-wm", base - 1),
+                                                          two_line(stream, f"c{cycle_no}-late", base - 30)], base + 3)
+            land_bytes(settings, stream, f"c{cycle_no}-bad.jsonl.gz", b"not gzip", base + 3)
+            landed[stream] += 1
+        for _rerun in range(2):
+            lake.cycle(spark, settings, two_streams.PIPELINE, ts(base + 5))
+
+    idle = lake.cycle(spark, settings, two_streams.PIPELINE, ts(200), quality=True)
+    for stream, output, metric in (("readings", two_streams.READINGS_OUT, "readings"),
+                                   ("txns", two_streams.TXNS_OUT, "txns")):
+        totals = balanced(idle, stream)
+        assert totals["lines"] == landed[stream], stream
+        accepted = two_ids(idle, stream)
+        assert totals["accepted"] == len(accepted) == 5  # one good line per cycle, and the two at the watermark
+        assert totals["late"] == len(table(idle, f"dlq/{stream}")) == 2
+        # Per cycle: 8 bad lines and the unreadable file; the one duplicate is the good line's copy.
+        assert totals["quarantined"] == len(table(idle, f"quarantine/{stream}")) == 3 * 9
+        assert totals["duplicates"] == 3
+        assert sum(r[metric] for r in table(idle, f"gold/{output}")) == 3 * len(accepted), output
+    # Completeness holds in every window; the late records make some fail their lateness check, as they should.
+    results = table(idle, "ops/dq_results")
+    assert {r["success"] for r in results if "completeness" in r["expectation"]} == {True}
+    assert {r.state for r in read_ledger(idle, two_streams.PIPELINE)} <= {"validated", "failed"}
