@@ -173,11 +173,41 @@ def test_idle_heartbeat_advances_the_watermark(spark: SparkSession, settings: Se
     assert [r["impression_id"] for r in table(settings, "dlq/impressions")] == ["old"]
 
 
-def test_missing_landing_directory_is_idle_not_an_error(spark: SparkSession, settings: Settings) -> None:
-    ingest(spark, settings, 0, "clicks")
-    state = load_state(settings, "clicks")
-    assert [r.is_heartbeat for r in state.rows] == [True]
-    assert state.watermark == ts(-30) - timedelta(minutes=10)
+def test_a_stream_that_never_received_a_file_gets_no_heartbeat_so_its_history_is_not_late(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """Issue 29, the watermark trap (SPEC 3): a run before the landing folder exists used to write a heartbeat
+    at wall-clock now - idle_timeout, and the history the producer landed next (event times of days before)
+    all went to the DLQ. A stream that has never received a file has no watermark and gets no heartbeat."""
+    ingest(spark, settings, 3 * 24 * 60, "clicks")  # no landing folder: not an error, and no clock yet
+    assert load_state(settings, "clicks").rows == []
+    assert load_state(settings, "clicks").watermark is None
+    (settings.landing_dir("clicks")).mkdir(parents=True)
+    ingest(spark, settings, 3 * 24 * 60 + 1, "clicks")  # an empty folder: the same
+    assert load_state(settings, "clicks").rows == []
+    # The producer's history arrives days later than its event times: accepted, not late.
+    old = [{"click_id": f"k{i}", "impression_id": "i", "ad_id": "a", "event_time": ts(i).isoformat()} for i in range(3)]
+    land(settings, "clicks", "history.jsonl", [json.dumps(r) for r in old], arrival_minutes=3 * 24 * 60 + 2)
+    ingest(spark, settings, 3 * 24 * 60 + 3, "clicks")
+    assert load_state(settings, "clicks").totals()["accepted"] == 3
+    # From then on the stream has a clock, and idleness gives heartbeats as before.
+    ingest(spark, settings, 3 * 24 * 60 + 40, "clicks")
+    assert [r.is_heartbeat for r in load_state(settings, "clicks").rows] == [False, True]
+
+
+def test_a_file_whose_lines_are_all_late_is_a_warning_in_the_run_and_in_status(
+    spark: SparkSession, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    from sluice.cli.status import render_status
+
+    land(settings, "impressions", "now.jsonl", [imp("a", 100)], arrival_minutes=101)
+    land(settings, "impressions", "replay.jsonl", [imp(f"r{i}", i) for i in range(3)], arrival_minutes=102)
+    with caplog.at_level("WARNING", logger="sluice.ingest"):
+        done = ingest(spark, settings, 103)
+    message = ("file replay.jsonl: 3 of 3 lines late (watermark 2024-05-01T11:30:00Z); "
+               "is the producer replaying history?")
+    assert message in caplog.text
+    assert message in render_status(done)
 
 
 def test_offset_timestamps_are_normalised_to_utc(spark: SparkSession, settings: Settings) -> None:

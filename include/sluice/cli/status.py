@@ -22,7 +22,7 @@ from deltalake import DeltaTable
 from sluice.cli.output import rfc3339, stream_totals, window
 from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import ConfigError, Settings
-from sluice.ingest.landing import load_state, local_path
+from sluice.ingest.landing import all_late, all_late_message, load_state, local_path
 from sluice.storage import tables
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger
 
@@ -65,6 +65,14 @@ def ledger_summary(settings: Settings) -> str:
     )
 
 
+def waiting_streams(settings: Settings) -> dict[str, list[str]]:
+    """Per pipeline, the streams holding all its windows open because no file has arrived for them yet."""
+    from sluice.streaming.runner import streams_without_files
+
+    found = {p: streams_without_files(settings, d) for p, d in sorted(settings.registry.pipelines.items())}
+    return {p: names for p, names in found.items() if names}
+
+
 def unreadable_files(settings: Settings, streams: list[str]) -> list[tuple[str, str]]:
     """(stream, local path) of every landing file that could not be read, in batch order."""
     return [
@@ -92,6 +100,15 @@ def render_status(settings: Settings) -> str:
         out += ["", "unreadable landing files (quarantined whole, reason unreadable_file; land a good copy under a "
                     "new name):"]
         out += [f"  {stream}: {path}" for stream, path in unreadable]
+    waiting = waiting_streams(settings)
+    if waiting:
+        out += ["", "windows held open by streams that have received no file yet:"]
+        out += [f"  {pipeline}: {', '.join(names)} (land files in {settings.landing_dir(names[0]).parent}/<stream>/)"
+                for pipeline, names in waiting.items()]
+    replayed = [(name, r) for name in streams for r in load_state(settings, name).rows if all_late(r)]
+    if replayed:
+        out += ["", "landing files whose lines were all late (in dlq/<stream>):"]
+        out += [f"  {stream}: {all_late_message(r)}" for stream, r in replayed[-10:]]
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]

@@ -867,7 +867,13 @@ class StreamIngest:
         state = load_state(self.settings, spec.name)
         now = self.settings.now()
         last = state.last_arrival
-        if last is not None and now - last < spec.idle_timeout:
+        if last is None:
+            # A stream that has never received a file is not idle: it has no clock yet. A heartbeat at
+            # wall-clock time would move its watermark to today, and the history its producer lands first
+            # (event times of last year) would all be late. It holds its pipelines' windows open instead.
+            log.info("%s: no file has arrived yet; no watermark, no heartbeat", spec.name)
+            return
+        if now - last < spec.idle_timeout:
             return
         event_time = now - spec.idle_timeout
         watermark = state.watermark
@@ -944,12 +950,26 @@ class StreamIngest:
             log.info("ingest %-11s batch %4d heartbeat at %s  watermark %s -> %s", row.stream, row.batch_id,
                      wm(row.max_event_time), wm(row.watermark_before), wm(row.watermark_after))
         else:
+            if all_late(row):
+                log.warning("%s: %s", row.stream, all_late_message(row))
             log.info(
                 "ingest %-11s batch %4d %-28s lines=%d accepted=%d quarantined=%d late=%d duplicates=%d"
                 "  watermark %s -> %s", row.stream, row.batch_id, Path(row.source_file or "").name,
                 row.lines, row.accepted, row.quarantined, row.late, row.duplicates,
                 wm(row.watermark_before), wm(row.watermark_after),
             )
+
+
+def all_late(row: BatchRow) -> bool:
+    """A landing file every line of which was late: most likely a producer replaying history, or a clock
+    gone wrong, rather than a few stragglers."""
+    return not row.is_heartbeat and row.lines > 0 and row.late == row.lines
+
+
+def all_late_message(row: BatchRow) -> str:
+    mark = row.watermark_before.strftime("%Y-%m-%dT%H:%M:%SZ") if row.watermark_before else "-"
+    return (f"file {Path(local_path(row.source_file or '')).name}: {row.late} of {row.lines} lines late "
+            f"(watermark {mark}); is the producer replaying history?")
 
 
 def run_ingest(

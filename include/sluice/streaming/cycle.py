@@ -26,12 +26,12 @@ from sluice.cli.report import accounting_table
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
 from sluice.core.spark import get_spark
-from sluice.ingest.landing import BatchRow, run_ingest
+from sluice.ingest.landing import BatchRow, all_late, all_late_message, run_ingest
 from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
 from sluice.storage.engine import engine_for
 from sluice.streaming.corrections import CorrectionReport, run_corrections, scan_amendments
-from sluice.streaming.runner import AggregateResult, PipelineRunner
+from sluice.streaming.runner import AggregateResult, PipelineRunner, streams_without_files
 
 log = logging.getLogger("sluice.cycle")
 
@@ -67,6 +67,12 @@ class CycleResult:
             f"in {self.seconds:.1f}s (now={self.settings.now().isoformat()})"
         )
         parts = [head, accounting_table(self.settings, streams)]
+        parts += [f"warning: {stream}: {all_late_message(row)}" for stream, rows in self.batches.items()
+                  for row in rows if all_late(row)]
+        waiting = streams_without_files(self.settings, self.settings.pipeline(self.pipeline))
+        if waiting:
+            parts.append(f"warning: no window of {self.pipeline} can close until {', '.join(waiting)} "
+                         f"receive(s) a first file (in {self.settings.landing_dir(waiting[0])}/)")
         if self.aggregate is not None:
             windows = self.aggregate.windows
             closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")

@@ -99,6 +99,15 @@ def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | 
     return min(m for m in marks if m is not None)
 
 
+def streams_without_files(settings: Settings, pipeline: PipelineDef) -> list[str]:
+    """The pipeline's streams that have never received a file, once another of its streams has: they have
+    no watermark (SPEC 3), so they hold every window of the pipeline open until their first file arrives.
+    (A pipeline none of whose streams has data yet is simply new.)"""
+    arrived = {s: load_state(settings, s).last_arrival is not None for s in pipeline.streams}
+    missing = [s for s, yes in arrived.items() if not yes]
+    return missing if len(missing) < len(arrived) else []
+
+
 def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | None:
     """Windows ending at or before this are final: ``W - lateness_bound`` (see the module docstring)."""
     watermark = pipeline_watermark(settings, pipeline)
