@@ -14,7 +14,7 @@ import sys
 import zlib
 from collections import Counter
 from dataclasses import replace
-from datetime import timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -291,7 +291,7 @@ FAILING_ENDS = {"2024-05-01T10:05:00Z", "2024-05-01T10:10:00Z", "2024-05-01T10:1
 
 def _land_readings(home: Path) -> None:
     import json
-    from datetime import UTC, datetime
+    from datetime import UTC
 
     folder = home / "landing" / "readings"
     folder.mkdir(parents=True)
@@ -304,51 +304,101 @@ def _land_readings(home: Path) -> None:
         os.utime(path, (stamp, stamp))
 
 
+def _alert_ids(ends: set[str], kind: str, attempt: int) -> list[str]:
+    """The alert ids of device_temps windows (15 minutes, by their end) of one kind and round."""
+    starts = [datetime.fromisoformat(end) - timedelta(minutes=15) for end in sorted(ends)]
+    return [f"device_temps/{start:%Y-%m-%dT%H:%M:%SZ}/{end}/{kind}/{attempt}" for start, end in zip(
+        starts, sorted(ends), strict=True)]
+
+
+# The step killed (and rerun) on top of the first cycle: the cycle itself; a correction of the failing windows
+# (a late reading at 10:03 lands for them), whose re-validation fails them again; a backfill of them.
+LATE_READING = {"reading_id": "r8", "device_id": "d1", "temp_c": 21.0, "event_time": "2024-05-01T10:03:00Z"}
+LATER_NOW = "2024-05-01T11:05:00Z"
+BACKFILL = ["backfill", "device_temps", "--start", "2024-05-01T09:50:00Z", "--end", "2024-05-01T10:05:00Z"]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "kill_after",
+    ("step", "kill_after"),
     [
         # (Killed after the DQ results alone, the rerun validates again just as here.)
-        "ops/alerts:1",  # alerts recorded (pending), ledger still `closed`: the rerun validates again
-        "ops/window_ledger@sluice.ledger.dq:1",  # ledger `failed`, alerts pending, not delivered
+        ("cycle", "ops/alerts:1"),  # alerts recorded (pending), ledger still `closed`: the rerun validates again
+        ("cycle", "ops/window_ledger@sluice.ledger.dq:1"),  # ledger `failed`, alerts pending, not delivered
         # (After the delivered mark nothing is left to do: tests/alerting/test_outbox.py covers re-delivery.)
+        # The correction's re-validation is in the ledger (round 2), its plan not advanced: the rerun resumes
+        # the correction in that round, not in a third one.
+        ("correction", "ops/window_ledger@sluice.ledger.dq:1"),
+        # Gold replaced, nothing else: the rerun finishes that backfill instead of replacing gold again.
+        ("backfill", "gold/device_temps:1"),
     ],
 )
 def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_window_once(
-    tmp_path: Path, kill_after: str
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str, kill_after: str
 ) -> None:
     import json
 
+    from sluice.streaming.backfill import run_backfill
+    from sluice.streaming.cycle import run_cycle
+    from support.lake import land
     from support.servers import serve_webhook
     from support.tutorial import write_tutorial
 
     home = tmp_path / "home"
     _land_readings(home)
+    pipelines = write_tutorial(tmp_path / "pipelines")
+    # Corrections are automatic (they only act in the correction step: no late record lands otherwise).
+    sluice_env = {"SLUICE_PIPELINES": str(pipelines), "SLUICE_DATA_DOCS_URL": "https://airflow.example.com/sluice/docs",
+                  "SLUICE_DEVICE_TEMPS_CORRECTIONS": "auto"}
+    settings = load_settings(sluice_env, home=home)
+    gold_path = str(home / "lake/gold/device_temps")
     with serve_webhook() as webhook:
-        env = {
-            **os.environ, "SLUICE_HOME": str(home), "SLUICE_NOW": READINGS_NOW, "PYSPARK_PYTHON": sys.executable,
-            "SLUICE_PIPELINES": str(write_tutorial(tmp_path / "pipelines")),
-            "AIRFLOW_CONN_SLUICE_WEBHOOK": json.dumps({"conn_type": "http", "host": webhook.url}),
-            "SLUICE_DATA_DOCS_URL": "https://airflow.example.com/sluice/docs",
-        }
+        for name in ("AIRFLOW_CONN_SLUICE_SMTP", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy",
+                     "https_proxy", "all_proxy"):
+            monkeypatch.delenv(name, raising=False)
+        monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+        now = READINGS_NOW if step == "cycle" else LATER_NOW
+        # Only the killed run is a process of its own; the steps before and the rerun run here, on the session's
+        # Spark (a JVM start less each).
+        command = BACKFILL if step == "backfill" else ["run", "device_temps"]
+        env = {**os.environ, **sluice_env, "SLUICE_HOME": str(home), "SLUICE_NOW": now,
+               "PYSPARK_PYTHON": sys.executable, "SLUICE_KILL_AFTER_COMMIT": kill_after}
 
-        def run(**extra: str) -> subprocess.CompletedProcess[str]:
-            return subprocess.run([sys.executable, "-m", "sluice.cli", "run", "device_temps"],
-                                  env={**env, **extra}, capture_output=True, text=True, timeout=900)
+        def rerun() -> int:
+            at_now = replace(settings, now_override=datetime.fromisoformat(now))
+            if step == "backfill":
+                return run_backfill(at_now, "device_temps", BACKFILL[3], BACKFILL[5], spark=spark).exit_code
+            return run_cycle(at_now, "device_temps", spark=spark).exit_code
 
-        crashed = run(SLUICE_KILL_AFTER_COMMIT=kill_after)
+        gold_before = None
+        if step != "cycle":
+            first = replace(settings, now_override=datetime.fromisoformat(READINGS_NOW))
+            assert run_cycle(first, "device_temps", spark=spark).failed_windows == len(FAILING_ENDS)
+            gold_before = DeltaTable(gold_path).version()
+        if step == "correction":
+            land(settings, "readings", "late.jsonl", [LATE_READING], datetime.fromisoformat("2024-05-01T11:02:00Z"))
+
+        crashed = subprocess.run([sys.executable, "-m", "sluice.cli", *command], env=env, capture_output=True,
+                                 text=True, timeout=900)
         assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-2000:]}"
-        rerun = run()
-        # Exit 2 when the rerun validated the failing windows itself; once the ledger holds their state, the
-        # rerun only delivers what is still pending, and its own checks find nothing failing.
-        revalidated = kill_after == "ops/alerts:1"
-        assert rerun.returncode == (2 if revalidated else 0), rerun.stderr[-3000:]
+        # Exit 2 when the rerun validated the failing windows itself; once the ledger holds their state, a
+        # cycle's rerun only delivers what is still pending, and its own checks find nothing failing. A resumed
+        # correction or backfill validates its windows again (in the same round): they fail again.
+        exit_code = 0 if kill_after == "ops/window_ledger@sluice.ledger.dq:1" and step == "cycle" else 2
+        assert rerun() == exit_code
 
         posts = webhook.posts()
-    assert sorted(p["window_end"] for p in posts) == sorted(FAILING_ENDS), posts
-    assert len({p["alert_id"] for p in posts}) == len(posts)
+    # Each alert exactly once, with the id of its round: 1 for the first check, 2 for the correction or backfill.
+    expected = _alert_ids(FAILING_ENDS, "dq_failure", 1)
+    if step != "cycle":
+        expected += _alert_ids(FAILING_ENDS, "dq_failure", 2)
+    if step == "correction":
+        expected += _alert_ids(FAILING_ENDS, "correction", 2)
+    assert sorted(p["alert_id"] for p in posts) == sorted(expected), posts
     # Each alert links its window's Data Docs page by URL (under the configured base), never a server path.
     for post in posts:
+        if post["kind"] != "dq_failure":
+            continue  # correction notices carry their numbers themselves
         base = "https://airflow.example.com/sluice/docs/"
         assert post["docs_url"].startswith(base), post["docs_url"]
         assert (home / "data_docs" / post["docs_url"][len(base):]).is_file(), post["docs_url"]
@@ -358,4 +408,11 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
     ledger = DeltaTable(str(home / "lake/ops/window_ledger")).to_pyarrow_table().to_pylist()
     failed = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}" for r in ledger if r["state"] == "failed"}
     assert failed == FAILING_ENDS
-    assert {r["attempt"] for r in ledger} == {1}
+    rounds = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}": r["attempt"] for r in ledger}
+    assert rounds == {end: 2 if step != "cycle" and end in FAILING_ENDS else 1 for end in rounds}
+    if gold_before is not None:
+        # One replace of gold, whose versions the ledger keeps, as in a run never interrupted.
+        assert DeltaTable(gold_path).version() == gold_before + 1
+        replaced = json.dumps({"gold/device_temps": [gold_before, gold_before + 1]})
+        versions = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}": r["gold_versions"] for r in ledger if r["gold_versions"]}
+        assert versions == dict.fromkeys(FAILING_ENDS, replaced)

@@ -34,12 +34,15 @@ from sluice.storage.ledger import LedgerRow, parse_gold_versions, read_ledger
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
 from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.streaming.cycle import CycleResult, run_cycle
-from support.lake import land, table
+from support.lake import cycle, land, table
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
 )
 from support.tutorial import write_tutorial
+from support.two_streams import PIPELINE as TWO_STREAMS
+from support.two_streams import reading as two_stream_reading
+from support.two_streams import two_stream_home, txn
 
 PIPELINE = "device_temps"
 GOLD = "gold/device_temps"
@@ -295,6 +298,33 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
             f.write_bytes(data)
     assert {w: (r.state, r.late_waiting, r.late_rows) for w, r in ledger(settings).items()}[win("10:10")] == (
         "amended", 2, 2)
+
+
+# ------------------------------------------------------------------------------------------------ no-op
+def lake_versions(settings: Settings) -> dict[str, int]:
+    """The Delta version of every table under lake/ (ops/* included)."""
+    return {str(log.parent.relative_to(settings.lake)): DeltaTable(str(log.parent)).version()
+            for log in sorted(settings.lake.glob("**/_delta_log"))}
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(900)
+def test_a_cycle_with_nothing_new_commits_nothing(spark: SparkSession, tmp_path: Path) -> None:
+    """Issue 25, hole 7: a rerun with no new landing file, at the same ``now`` or at a later one that closes
+    nothing, commits no table (the amendment scan of an unchanged DLQ used to rewrite the ledger)."""
+    settings = two_stream_home(tmp_path)
+    land(settings, "readings", "r1.jsonl", [two_stream_reading("r1", at("10:00")),
+                                            two_stream_reading("r2", at("10:03"), "d2"),
+                                            two_stream_reading("r3", at("10:21"))], at("10:22"))
+    land(settings, "txns", "t1.jsonl", [txn("t1", at("10:01")), txn("t2", at("10:22"))], at("10:23"))
+    cycle(spark, settings, TWO_STREAMS, at("10:25"), quality=True)
+    assert {r.state for r in read_ledger(settings, TWO_STREAMS)} == {"validated"}
+    seen = lake_versions(settings)
+    assert {"ops/window_ledger", "ops/dq_results", "dlq/readings", "dlq/txns"} <= set(seen)
+    # 10:30 is before any idle heartbeat (30 min after the last file) and any freshness deadline.
+    for now in ("10:25", "10:30"):
+        cycle(spark, settings, TWO_STREAMS, at(now), quality=True)
+        assert lake_versions(settings) == seen, now
 
 
 # ------------------------------------------------------------------------------------------------ auto

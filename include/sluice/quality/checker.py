@@ -167,11 +167,14 @@ class QualityChecker:
         final_state: str | None = None,
         deliver: bool = True,
         include_late: bool = False,
+        rounds: Mapping[Window, int] | None = None,
     ) -> QualityReport:
         """Validate ``windows`` (default: all pending). ``final_state`` overrides the ledger state written
         on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
         ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task).
-        ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them."""
+        ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them.
+        ``rounds``: the validation round (``attempt``) of each window, as a backfill or correction planned it
+        before its first commit; other windows take the ledger's attempt + 1."""
         report = QualityReport(self.pipeline.name)
         if windows is None:  # the scheduled check (not a backfill's): also judge freshness
             self._freshness()
@@ -230,7 +233,7 @@ class QualityChecker:
                     results.append((window, validation, late))
                     advance(1)
         report.docs_index = validator.build_docs()
-        self._record(results, report, final_state, deliver)
+        self._record(results, report, final_state, deliver, rounds or {})
         return report
 
     def _frames(self, gold_by_output: Mapping[str, Any], window: Window) -> list[Any]:
@@ -349,7 +352,8 @@ class QualityChecker:
         return completeness
 
     # -- outputs --------------------------------------------------------------------------------------
-    def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool) -> None:
+    def _record(self, results, report: QualityReport, final_state: str | None, deliver: bool,
+                rounds: Mapping[Window, int]) -> None:
         """Results, then the outbox, then the ledger, then delivery: each step is one atomic commit, and a
         crash between any two leaves a state the rerun completes with exactly one alert per failing window
         (a window whose ledger state was not written yet is validated again; its alert key is the same)."""
@@ -379,8 +383,10 @@ class QualityChecker:
             row = ledger.get(window) or LedgerRow(
                 name, window[0], window[1], "closed", None, len(validation.outcomes), n_late, now, now
             )
-            # This validation round: the key of the window's alert, stable until the ledger records it.
-            row.attempt = (row.attempt or 0) + 1
+            # This validation round: the key of the window's alert, stable until the ledger records it. A
+            # backfill or correction fixes it in its plan, as the ledger may already hold it when a rerun
+            # resumes one killed after this step (+1 again would be a new round: a second alert).
+            row.attempt = rounds.get(window) or (row.attempt or 0) + 1
             # The ledger keeps the late count its row was closed (or rebuilt) with: late records that landed
             # since are amendments (sluice.streaming.corrections), not silently part of the window. The
             # lateness expectation above counts them all.

@@ -148,15 +148,6 @@ def replace_windows(
     return engine.replace_rows(rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version)
 
 
-def record_scan(settings: Settings, engine: DeltaEngine, *, app_id: str, version: int) -> bool:
-    """Commit app transaction ``(app_id, version)`` to the ledger without changing a row: remembers that a
-    scan (of the DLQ, for amendments) looked at everything up to ``version``, so the next one can be skipped
-    until that grows. A no-op (False) when that version is committed already."""
-    path = WINDOW_LEDGER.path(settings)
-    engine.ensure_table(path, WINDOW_LEDGER.schema)
-    return replace_windows(engine, path, [], WINDOW_LEDGER.schema, [], app_id=app_id, version=version)
-
-
 def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
     """For writers that are not replays of a numbered batch (DQ, backfills): the next app version.
 

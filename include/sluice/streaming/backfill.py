@@ -18,6 +18,16 @@ count (and, under ``corrections: auto``, a later cycle corrects it), its state i
 says, and its ``detail`` names the ``--include-late`` command. ``late_rows`` keeps the count the ledger had
 when the backfill started (the validation counts the DLQ again, later), so a late record that lands while
 the backfill runs is flagged by the next amendment scan instead of being taken for one already in gold.
+
+**A crash mid-backfill.** ``sluice backfill`` plans its run in
+``lake/_checkpoints/pipelines/<pipeline>/backfill.json`` before its first commit: the range, the app-transaction
+version of its gold replaces, the ledger's late counts and each window's validation round (``attempt``), then
+marks the plan ``done`` after its last commit. Run again after a crash (an Airflow retry, the same command by
+hand), it resumes that plan instead of starting a new backfill: a gold replace already committed is not redone
+(its app transaction; the ledger's ``gold_versions`` are those of the first replace), and the re-validation is
+the same round, so its alerts have the same ids and the ledger the same ``attempt`` as a run never
+interrupted. A backfill of another range first finishes the interrupted one. (Automatic corrections keep a
+plan of their own, :mod:`sluice.streaming.corrections`.)
 """
 
 from __future__ import annotations
@@ -170,6 +180,7 @@ class Backfill:
         *,
         commits: Commits = Commits(),
         late_rows: Mapping[Window, int] | None = None,
+        rounds: Mapping[Window, int] | None = None,
     ):
         self.deliver_alerts = deliver_alerts
         self.spark = spark
@@ -179,6 +190,9 @@ class Backfill:
         self.commits = commits
         # The DLQ counts the ledger keeps for the rewritten windows (default: the ledger's, at the start).
         self.late_rows = late_rows
+        # The validation round of each window, as planned before the first commit (a window missing from it
+        # was not in the ledger then: round 1). None: the ledger's attempt + 1 when validating.
+        self.rounds = rounds
 
     def _margin(self) -> timedelta:
         # Everything that can reach a window: the window itself, plus the join bound both ways.
@@ -259,8 +273,10 @@ class Backfill:
             result.skipped_open.extend(w for w in req.windows if w not in result.windows)
         result.skipped_open = sorted(set(result.skipped_open) - set(result.windows))
         self._mark_ledger(result)
+        rounds = None if self.rounds is None else {w: self.rounds.get(w, 1) for w in result.windows}
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
-            result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts
+            result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts,
+            rounds=rounds,
         )
         self._settle_ledger(result, late_rows)
         result.seconds = time.monotonic() - started
@@ -275,15 +291,17 @@ class Backfill:
         version = self.commits.version
         if version is None:
             version = next_version(self.engine, path, app)
-            meta: dict[str, object] = {"pipeline": req.pipeline.name, "start": req.start, "end": req.end,
-                                       "include_late": req.include_late}
+        # The app transaction in the metadata too: a resumed run finds the commit of its replace by it.
+        meta: dict[str, object] = {"pipeline": req.pipeline.name, "include_late": req.include_late, "app": app,
+                                   "app_version": version}
+        if req.windows is None:
+            meta.update(start=req.start, end=req.end)
         else:
-            meta = {"pipeline": req.pipeline.name, "include_late": req.include_late, "app": app,
-                    "app_version": version, "windows": [[s.isoformat(), e.isoformat()] for s, e in req.windows or ()]}
+            meta["windows"] = [[s.isoformat(), e.isoformat()] for s, e in req.windows]
         before = DeltaTable(str(path)).version()
         if self.engine.replace(rows, path, keep=keep, app_id=app, version=version, metadata=meta):
             return (before, DeltaTable(str(path)).version())
-        # Committed by an earlier attempt of the same write (a correction resumed after a crash).
+        # Committed by an earlier attempt of the same write (a backfill or correction resumed after a crash).
         committed = commit_version(path, app, version)
         return (committed - 1, committed) if committed is not None else (before, before)
 
@@ -356,6 +374,95 @@ def commit_version(path: Path, app_id: str, version: int, *, depth: int = 100) -
     return None
 
 
+@dataclass
+class BackfillPlan:
+    """A ``sluice backfill`` run, written before its first commit and marked ``done`` after its last (see the
+    module docstring): what a rerun after a crash needs to finish it exactly as it would have."""
+
+    start: datetime
+    end: datetime
+    include_late: bool
+    version: int  # app-transaction version of its gold replaces
+    late_rows: dict[Window, int]  # the ledger's DLQ counts of the settled windows in the range
+    rounds: dict[Window, int]  # the validation round of each window in the ledger (others: 1)
+    stage: str = "planned"  # planned -> done
+
+    def matches(self, request: BackfillRequest) -> bool:
+        return (self.start, self.end, self.include_late) == (request.start, request.end, request.include_late)
+
+    def request(self, pipeline: PipelineDef) -> BackfillRequest:
+        return BackfillRequest(pipeline, self.start, self.end, self.include_late)
+
+    def to_json(self) -> str:
+        return json.dumps({
+            "start": self.start.isoformat(), "end": self.end.isoformat(), "include_late": self.include_late,
+            "version": self.version, "stage": self.stage,
+            "late_rows": {window_key(w): n for w, n in self.late_rows.items()},
+            "rounds": {window_key(w): n for w, n in self.rounds.items()},
+        }, indent=1)
+
+    @classmethod
+    def from_json(cls, text: str) -> BackfillPlan:
+        raw = json.loads(text)
+        return cls(
+            start=datetime.fromisoformat(raw["start"]), end=datetime.fromisoformat(raw["end"]),
+            include_late=bool(raw["include_late"]), version=int(raw["version"]), stage=str(raw["stage"]),
+            late_rows={window_of(k): int(n) for k, n in raw["late_rows"].items()},
+            rounds={window_of(k): int(n) for k, n in raw["rounds"].items()},
+        )
+
+
+def backfill_plan_path(settings: Settings, pipeline: PipelineDef) -> Path:
+    return settings.checkpoints / "pipelines" / pipeline.name / "backfill.json"
+
+
+def load_backfill_plan(settings: Settings, pipeline: PipelineDef) -> BackfillPlan | None:
+    path = backfill_plan_path(settings, pipeline)
+    return BackfillPlan.from_json(path.read_text()) if path.exists() else None
+
+
+def save_backfill_plan(settings: Settings, pipeline: PipelineDef, plan: BackfillPlan) -> None:
+    path = backfill_plan_path(settings, pipeline)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(plan.to_json())
+    tmp.replace(path)  # atomic: a crash leaves the old plan or the new one
+
+
+def new_backfill_plan(settings: Settings, engine: DeltaEngine, request: BackfillRequest) -> BackfillPlan:
+    """Plan ``request`` (a range): one version above every gold table's backfills so far, and the ledger's
+    late counts and validation rounds of its windows as they are now, before anything is rewritten."""
+    pipeline = request.pipeline
+    paths = {o.name: o.path(settings) for o in pipeline.outputs}
+    version = max(next_version(engine, path, f"{Commits().prefix}.{name}") if DeltaTable.is_deltatable(str(path))
+                  else 0 for name, path in paths.items())
+    rows = [r for r in read_ledger(settings, pipeline.name) if request.start <= r.window_start < request.end]
+    plan = BackfillPlan(request.start, request.end, request.include_late, version,
+                        {r.window: r.late_rows for r in rows if r.state in SETTLED_STATES},
+                        {r.window: r.attempt + 1 for r in rows})
+    save_backfill_plan(settings, pipeline, plan)
+    return plan
+
+
+def run_planned(spark: SparkSession, settings: Settings, engine: DeltaEngine, request: BackfillRequest,
+                plan: BackfillPlan, deliver_alerts: bool) -> BackfillResult:
+    """Carry out (or finish) the backfill ``plan`` describes, then mark it done."""
+    result = Backfill(spark, settings, engine, request, deliver_alerts, commits=Commits(version=plan.version),
+                      late_rows=plan.late_rows, rounds=plan.rounds).run()
+    plan.stage = "done"
+    save_backfill_plan(settings, request.pipeline, plan)
+    return result
+
+
+def window_key(window: Window) -> str:
+    return f"{window[0].isoformat()}/{window[1].isoformat()}"
+
+
+def window_of(key: str) -> Window:
+    start, end = key.split("/")
+    return (datetime.fromisoformat(start), datetime.fromisoformat(end))
+
+
 def run_backfill(
     settings: Settings,
     pipeline: str,
@@ -376,4 +483,14 @@ def run_backfill(
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so
         # the backfill knows which of its windows have late records waiting and clears exactly those.
         scan_amendments(settings, engine, request.pipeline)
-        return Backfill(spark, settings, engine, request, deliver_alerts).run()
+        plan = load_backfill_plan(settings, request.pipeline)
+        if plan is not None and plan.stage != "done":
+            if plan.matches(request):
+                log.info("backfill %s: resuming the run a crash interrupted", pipeline)
+                return run_planned(spark, settings, engine, request, plan, deliver_alerts)
+            # Its gold may be rewritten already, the ledger not: finished first, it is never left half done.
+            log.warning("backfill %s: first finishing the backfill of [%s, %s) a crash interrupted", pipeline,
+                        plan.start.isoformat(), plan.end.isoformat())
+            run_planned(spark, settings, engine, plan.request(request.pipeline), plan, deliver_alerts)
+        plan = new_backfill_plan(settings, engine, request)
+        return run_planned(spark, settings, engine, request, plan, deliver_alerts)

@@ -9,9 +9,11 @@ are waiting: ``late_waiting`` grows by the difference, ``late_rows`` becomes the
 becomes ``amended`` and ``detail`` says what happens next. (A ``closed`` window awaits its first
 validation, whose lateness check counts the DLQ itself.)
 
-* Cheap when nothing is new: the scan commits the ledger with an app transaction ``sluice.amend.<pipeline>``
-  whose version is the sum of the pipeline's DLQ table versions (+1 each; that sum only grows), and skips
-  the count while the DLQ tables are still at or below it.
+* Cheap when nothing is new: a scan remembers how far it looked, as the sum of the pipeline's DLQ table
+  versions (+1 each; that sum only grows), and the next one skips the count while the DLQ tables are still
+  at or below it. A scan that amends windows commits that mark with them (app transaction
+  ``sluice.amend.<pipeline>`` on the ledger); one that finds nothing keeps it in ``amend_scan.json`` in the
+  pipeline's checkpoint folder instead: a cycle with nothing new commits nothing, to any table.
 * Cheap when something is: no Spark job, and only the DLQ files added since the last scan are read (see
   :mod:`sluice.storage.dlq`), so a cycle's scan does not grow with the history.
 * Crash-safe: the DLQ commit (ingest) and the amendment (ledger) are separate commits, but a rerun finds
@@ -28,9 +30,11 @@ window, with each output's totals before and after. Windows that ended more than
 flagged; their ``detail`` names the ``sluice backfill ... --include-late`` command.
 
 A correction is planned in ``lake/_checkpoints/pipelines/<pipeline>/corrections.json`` before its first
-commit (windows, app-transaction version, the DLQ counts and the gold totals it starts from) and advanced
-``planned -> recorded -> done``. A crash anywhere resumes that plan: the replaces already committed are not
-redone (their app transactions), and the notices carry the numbers of the first attempt.
+commit (windows, app-transaction version, the DLQ counts and the gold totals it starts from, each window's
+validation round) and advanced ``planned -> recorded -> done``. A crash anywhere resumes that plan: the
+replaces already committed are not redone (their app transactions), the re-validation is the planned round
+even when the ledger recorded it before the crash (so a failing window's alert and the notice keep their
+ids, and ``attempt`` its value), and the notices carry the numbers of the first attempt.
 """
 
 from __future__ import annotations
@@ -62,10 +66,9 @@ from sluice.storage.ledger import (
     LedgerRow,
     next_version,
     read_ledger,
-    record_scan,
     write_ledger,
 )
-from sluice.streaming.backfill import WINDOW_COLUMNS, Backfill, Commits, windows_request
+from sluice.streaming.backfill import WINDOW_COLUMNS, Backfill, Commits, window_key, window_of, windows_request
 
 log = logging.getLogger("sluice.corrections")
 
@@ -97,8 +100,7 @@ def scan_amendments(settings: Settings, engine: DeltaEngine, pipeline: PipelineD
     # The versions first, then the data: the count sees at least what the mark claims.
     mark = dlq_mark(paths)
     app = f"{AMEND_APP}.{pipeline.name}"
-    done = engine.committed_version(ledger_path, app)
-    if mark == 0 or (done is not None and done >= mark):
+    if mark == 0 or scanned_mark(settings, engine, pipeline) >= mark:
         log.debug("%s: no DLQ commit since the last amendment scan", pipeline.name)
         return []
     settled = [r for r in read_ledger(settings, pipeline.name) if r.state in SETTLED_STATES]
@@ -109,8 +111,36 @@ def scan_amendments(settings: Settings, engine: DeltaEngine, pipeline: PipelineD
         log.info("%s: %d closed window(s) amended: %d late record(s) waiting", pipeline.name, len(amended),
                  sum(r.late_waiting for r in amended))
     else:
-        record_scan(settings, engine, app_id=app, version=mark)
+        save_scan_mark(settings, pipeline, mark)
     return [r.window for r in amended]
+
+
+def scan_mark_path(settings: Settings, pipeline: PipelineDef) -> Path:
+    return settings.checkpoints / "pipelines" / pipeline.name / "amend_scan.json"
+
+
+def scanned_mark(settings: Settings, engine: DeltaEngine, pipeline: PipelineDef) -> int:
+    """How far the last scan looked (a :func:`dlq_mark`, -1 if none did): the ledger's app transaction of the
+    last scan that amended windows, or the file of one that found nothing, whichever is further."""
+    committed = engine.committed_version(WINDOW_LEDGER.path(settings), f"{AMEND_APP}.{pipeline.name}")
+    path = scan_mark_path(settings, pipeline)
+    # A lost or unreadable file only costs one scan more: it counts, it never skips.
+    try:
+        kept = int(json.loads(path.read_text())["dlq_mark"]) if path.exists() else -1
+    except (ValueError, KeyError, TypeError):
+        kept = -1
+    return max(-1 if committed is None else committed, kept)
+
+
+def save_scan_mark(settings: Settings, pipeline: PipelineDef, mark: int) -> None:
+    """Remember that a scan up to ``mark`` found nothing to amend. Not a ledger commit: a cycle with no new
+    input would otherwise write a ledger version with the same rows (and this is only a shortcut: the count
+    is exact either way, so losing the file to a crash costs one more count, never a record)."""
+    path = scan_mark_path(settings, pipeline)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"dlq_mark": mark}))
+    tmp.replace(path)  # atomic: the old mark or the new one
 
 
 def amend(pipeline: PipelineDef, rows: Sequence[LedgerRow], counts: Mapping[Window, int], now: datetime
@@ -170,18 +200,20 @@ class CorrectionPlan:
     stage: str = "planned"  # planned -> recorded -> done
     after: Totals = field(default_factory=dict)
     gold_versions: dict[str, tuple[int, int]] = field(default_factory=dict)
+    # Each window's validation round, fixed in the plan (the ledger's attempt + 1): the re-validation of a
+    # resumed correction keeps it, so its alerts and notice keep their ids. Plans of older versions have none.
     attempts: dict[Window, int] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps({
             "version": self.version,
             "stage": self.stage,
-            "windows": [_window_key(w) for w in self.windows],
-            "late_rows": {_window_key(w): n for w, n in self.late_rows.items()},
+            "windows": [window_key(w) for w in self.windows],
+            "late_rows": {window_key(w): n for w, n in self.late_rows.items()},
             "before": _totals_json(self.before),
             "after": _totals_json(self.after),
             "gold_versions": {t: list(v) for t, v in self.gold_versions.items()},
-            "attempts": {_window_key(w): n for w, n in self.attempts.items()},
+            "attempts": {window_key(w): n for w, n in self.attempts.items()},
         }, indent=1)  # not sort_keys: the measures keep their table order
 
     @classmethod
@@ -189,13 +221,13 @@ class CorrectionPlan:
         raw = json.loads(text)
         return cls(
             version=int(raw["version"]),
-            windows=[_window_of(k) for k in raw["windows"]],
-            late_rows={_window_of(k): int(n) for k, n in raw["late_rows"].items()},
+            windows=[window_of(k) for k in raw["windows"]],
+            late_rows={window_of(k): int(n) for k, n in raw["late_rows"].items()},
             before=_totals_of(raw["before"]),
             stage=str(raw["stage"]),
             after=_totals_of(raw["after"]),
             gold_versions={t: (int(v[0]), int(v[1])) for t, v in raw["gold_versions"].items()},
-            attempts={_window_of(k): int(n) for k, n in raw["attempts"].items()},
+            attempts={window_of(k): int(n) for k, n in raw["attempts"].items()},
         )
 
 
@@ -292,7 +324,8 @@ def new_plan(spark: SparkSession, settings: Settings, engine: DeltaEngine, pipel
     # One version for every gold table, above whatever any of them has seen (as the batch catch-up does).
     version = max(next_version(engine, o.path(settings), f"{CORRECT_APP}.{o.name}") for o in pipeline.outputs)
     plan = CorrectionPlan(version, windows, {r.window: r.late_rows for r in chosen},
-                          window_totals(spark, settings, engine, pipeline, windows))
+                          window_totals(spark, settings, engine, pipeline, windows),
+                          attempts={r.window: r.attempt + 1 for r in chosen})
     save_plan(settings, pipeline, plan)
     log.info("%s: correcting %d amended window(s) with their late records (%d more due)", pipeline.name,
              len(windows), len(due) - len(windows))
@@ -305,12 +338,13 @@ def _carry_out(spark: SparkSession, settings: Settings, engine: DeltaEngine, pip
         request = windows_request(pipeline, plan.windows, include_late=True)
         commits = Commits(CORRECT_APP, CORRECT_LEDGER_APP, plan.version)
         result = Backfill(spark, settings, engine, request, deliver_alerts, commits=commits,
-                          late_rows=plan.late_rows).run()
+                          late_rows=plan.late_rows, rounds=plan.attempts or None).run()
         report.quality = result.quality
         plan.gold_versions = result.gold_versions
         plan.after = window_totals(spark, settings, engine, pipeline, plan.windows)
-        ledger = {r.window: r for r in read_ledger(settings, pipeline.name)}
-        plan.attempts = {w: ledger[w].attempt for w in plan.windows if w in ledger}
+        if not plan.attempts:  # a plan of an older version: the rounds its validation took
+            ledger = {r.window: r for r in read_ledger(settings, pipeline.name)}
+            plan.attempts = {w: ledger[w].attempt for w in plan.windows if w in ledger}
         plan.stage = "recorded"
         save_plan(settings, pipeline, plan)
     if plan.stage == "recorded":
@@ -432,18 +466,10 @@ def _windows(windows: Sequence[Window]) -> str:
     return shown + (" ..." if len(windows) > 6 else "")
 
 
-def _window_key(window: Window) -> str:
-    return f"{window[0].isoformat()}/{window[1].isoformat()}"
-
-
-def _window_of(key: str) -> Window:
-    start, end = key.split("/")
-    return (datetime.fromisoformat(start), datetime.fromisoformat(end))
-
 
 def _totals_json(totals: Totals) -> dict[str, dict[str, dict[str, Number]]]:
-    return {t: {_window_key(w): dict(m) for w, m in per.items()} for t, per in totals.items()}
+    return {t: {window_key(w): dict(m) for w, m in per.items()} for t, per in totals.items()}
 
 
 def _totals_of(raw: Mapping[str, Mapping[str, Mapping[str, Number]]]) -> Totals:
-    return {t: {_window_of(k): dict(m) for k, m in per.items()} for t, per in raw.items()}
+    return {t: {window_of(k): dict(m) for k, m in per.items()} for t, per in raw.items()}
