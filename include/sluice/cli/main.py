@@ -288,6 +288,12 @@ def cmd_new_pipeline(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _now_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--now", metavar="TS", type=_timestamp("--now"),
+                        help="the time to run at, RFC 3339 with a zone, e.g. 2024-05-01T07:00:00Z "
+                             "(default: $SLUICE_NOW, else the clock)")
+
+
 def _timestamp(key: str) -> Any:
     """An argparse type: an RFC 3339 timestamp as aware UTC; a bad one is a usage error (exit 64)."""
     def convert(value: str) -> Any:
@@ -383,7 +389,7 @@ def build_parser() -> argparse.ArgumentParser:
         CYCLE_EXIT_CODES,
     )
     run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
-    run.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW, else the clock)")
+    _now_option(run)
     run.add_argument("--skip-quality", action="store_true",
                      help="ingest and aggregate only; `sluice check` validates later")
     run.add_argument("--no-deliver", action="store_true",
@@ -404,7 +410,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  2   with --strict: some windows failed their checks\n  64  wrong usage",
     )
     check.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
-    check.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
+    _now_option(check)
     check.add_argument("--no-deliver", action="store_true", help="record alerts but do not send them")
     check.add_argument("--strict", action="store_true", help="exit 2 when a window fails")
     _json_option(check)
@@ -417,7 +423,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  sluice ingest orders",
     )
     ingest.add_argument("streams", nargs="+", help="stream names (see `sluice pipelines`)")
-    ingest.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
+    _now_option(ingest)
     ingest.set_defaults(func=cmd_ingest)
 
     backfill = _command(
@@ -439,7 +445,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--include-late", nargs="?", const="true", default="false", type=_flag, metavar="BOOL",
         help="also bring in the late (DLQ) records (a bare flag, or true/false)",
     )
-    backfill.add_argument("--now", metavar="TS", help="the time to run at, RFC 3339 (default: $SLUICE_NOW)")
+    _now_option(backfill)
     backfill.add_argument("--no-deliver", action="store_true",
                           help="record alerts but do not send them (`sluice alerts --deliver` sends them)")
     backfill.add_argument("--no-fail-on-checks", action="store_true",
@@ -455,7 +461,7 @@ def build_parser() -> argparse.ArgumentParser:
         "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'\n"
         "  sluice status --window 2024-05-01T10:00:00Z --pipeline orders_hourly   # one window, what changed",
     )
-    status.add_argument("--now", help=argparse.SUPPRESS)
+    status.add_argument("--now", type=_timestamp("--now"), help=argparse.SUPPRESS)
     status.add_argument("--window", metavar="START", type=_timestamp("--window"),
                         help="show the window starting at START (RFC 3339): its ledger row and, after a backfill "
                              "or correction, its gold rows before vs after (Delta time travel)")
@@ -503,7 +509,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Generate a day of example events and run every pipeline over it, files arriving as the clock\n"
         "advances; ends with where every record went. What `make run` shows, without Airflow.",
     )
-    demo.add_argument("--now", help=argparse.SUPPRESS)
+    demo.add_argument("--now", type=_timestamp("--now"), help=argparse.SUPPRESS)
     demo.set_defaults(func=cmd_demo)
     return parser
 

@@ -60,5 +60,11 @@ def parse_timestamp(value: object, key: str) -> datetime:
                 f"{key}: {value!r} is not an RFC 3339 timestamp; use e.g. 2024-05-01T12:00:00Z"
             ) from None
     if ts.tzinfo is None:
+        if not isinstance(value, datetime):
+            # Never guessed: a time without a zone may be local time, and taken as UTC it would shift every
+            # window and watermark it touches by the zone's offset.
+            raise ConfigError(
+                f"{key}: {value!r} has no timezone; add Z for UTC ({ts.isoformat()}Z) or an offset such as +02:00"
+            )
         ts = ts.replace(tzinfo=UTC)
     return ts.astimezone(UTC)
