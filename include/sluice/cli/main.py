@@ -281,10 +281,21 @@ def cmd_new_pipeline(args: argparse.Namespace) -> int:
     from sluice.cli.scaffold import scaffold
 
     settings = _settings(args)
-    created = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None)
-    for path in created:
-        print(f"created {path}")
-    print(f"next: edit {created[0]}, then `sluice pipelines` and `sluice run {args.name}`")
+    registry = settings.registry
+    declared = {stream: p.source or registry.path for p in registry.pipelines.values() for stream in p.streams}
+    done = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None,
+                    stream=args.stream, landing_root=settings.landing, declared_streams=declared)
+
+    def shown(path: Path) -> str:  # relative to the working directory when under it: what a user types
+        with contextlib.suppress(ValueError):
+            return str(path.absolute().relative_to(Path.cwd()))
+        return str(path)
+
+    for path in done.files:
+        print(f"created {shown(path)}")
+    for folder in done.landing:
+        print(f"landing {shown(folder)}/  (the stream's files go here; a file's mtime is its arrival time)")
+    print(f"next: edit {shown(done.files[0])}, then `sluice pipelines` and `sluice run {args.name}`")
     return EXIT_OK
 
 
@@ -497,10 +508,15 @@ def build_parser() -> argparse.ArgumentParser:
     new = _command(
         sub, "new-pipeline", "scaffold a pipeline file (and a test) to start from",
         "Write NAME.py into the pipelines folder: a commented skeleton with one stream, one output and\n"
-        "two checks; with --tests, a first test too.",
-        "  sluice new-pipeline device_temps --tests tests",
+        "two checks, and create the stream's landing folder, $SLUICE_HOME/landing/<stream>/. With\n"
+        "--tests, a first test too: it lands two valid records of the pipeline's first stream (built\n"
+        "from the fields the file declares, so it keeps passing as you edit the file), runs one cycle\n"
+        "and reads gold.",
+        "  sluice new-pipeline device_temps --stream readings --tests tests",
     )
     new.add_argument("name", help="the pipeline name, e.g. device_temps (lower case, digits, '_')")
+    new.add_argument("--stream", metavar="NAME",
+                     help="the name of the skeleton's stream, e.g. readings (default: NAME_events)")
     new.add_argument("--tests", metavar="DIR", help="also write a test into this folder (default: none)")
     new.set_defaults(func=cmd_new_pipeline)
 
