@@ -287,6 +287,12 @@ class PipelineRunner:
             # versions anyway. Skipping saves starting the stateful queries (seconds each) on empty runs.
             log.info("%s: no records accepted yet; nothing to aggregate", self.pipeline.name)
             return self.result
+        if closing_boundary(self.settings, self.pipeline) is None:
+            # A stream without a watermark (no file yet, SPEC 3) holds every window open. The stateful queries
+            # take these rows in the first cycle that can close a window, exactly as in any deferred cycle.
+            log.info("%s: no window can close before %s receive(s) a first file", self.pipeline.name,
+                     ", ".join(streams_without_files(self.settings, self.pipeline)) or "every stream")
+            return self.result
         catchup = self.catch_up()
         boundaries = [b for b in (catchup.boundary if catchup else None, self.closed_through()) if b is not None]
         after = max(boundaries) if boundaries else None
@@ -589,8 +595,10 @@ class PipelineRunner:
             rows = rows.filter(F.col("window_end") > F.lit(after))
         # One W per pipeline: an output whose own streams' watermark is ahead of W writes nothing the rule
         # has not made final; the batch close writes such a window once W passes it.
-        boundary = self._boundary
-        rows = rows.filter(F.lit(False) if boundary is None else F.col("window_end") <= F.lit(boundary))
+        # (run() starts no query while W is undefined: a constant false filter would let Spark drop the
+        # stateful operators from the batch, and their state store commits with them.)
+        if self._boundary is not None:
+            rows = rows.filter(F.col("window_end") <= F.lit(self._boundary))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
