@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -18,11 +19,12 @@ from fastapi.testclient import TestClient
 
 from sluice.airflow.api import open_windows, streams_data, windows_data
 from sluice.airflow.web import create_app
+from sluice.cli.status import status_data
 from sluice.config import load_settings
 from sluice.core.windows import WindowSpec
 from sluice.storage import tables
 from sluice.storage.engine import arrow_schema
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, read_ledger
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -164,8 +166,37 @@ def test_windows_carry_state_counts_dq_and_their_data_docs_page(home: Path) -> N
     assert (windows[1]["rows"], windows[1]["late_rows"], windows[1]["detail"]) == (10, 3, "lateness (0.3)")
     assert windows[0]["docs_url"] == "/sluice/docs/validations/page.html"
     assert windows[2]["dq"] is None and windows[2]["docs_url"] is None  # closed, not validated yet
-    assert document["states"] == ["open", "closed", "validated", "failed", "amended", "reprocessed"]
+    assert document["states"] == ["open", "closed", "validated", "failed", "reprocessed"]
     assert pipelines["ad_clicks_hourly"]["windows"] == []
+
+
+def test_a_ledger_written_before_late_data_was_kept_apart_reads_each_window_with_its_dq_outcome(home: Path) -> None:
+    """Older ledgers put a window with late data waiting in state ``amended``, which hid whether it had
+    failed (issue 29). Read now, such a window has the state its last validation left in ops/dq_results,
+    and keeps its ``late_waiting``: in the ledger, the page's document and ``sluice status``."""
+    settings = load_settings()
+    failed = replace(ledger_row(T0, "amended", late=2), late_waiting=1)
+    passed = replace(ledger_row(T0 + H, "amended", late=1), late_waiting=1)
+    rewritten = replace(ledger_row(T0 + 2 * H, "amended", late=2), late_waiting=2,
+                        gold_versions='{"gold/user_activity_hourly": [3, 4]}')
+    write_table(WINDOW_LEDGER.path(settings), WINDOW_LEDGER.schema, [vars(r) for r in (failed, passed, rewritten)])
+    results = [(T0, "lateness:dlq_share_within_threshold", False), (T0, "completeness:users", True),
+               (T0 + H, "lateness:dlq_share_within_threshold", True),
+               (T0 + 2 * H, "lateness:dlq_share_within_threshold", True)]
+    write_table(tables.DQ_RESULTS.path(settings), tables.DQ_RESULTS.schema, [
+        {"pipeline": "user_activity_hourly", "window_start": start, "window_end": start + H, "expectation": name,
+         "observed_value": "0.2", "success": ok, "validated_at": T0, "docs_path": None}
+        for start, name, ok in results
+    ])
+
+    rows = read_ledger(settings, "user_activity_hourly")
+    assert [(r.state, r.late_waiting) for r in rows] == [("failed", 1), ("validated", 1), ("reprocessed", 2)]
+    document = windows_data(settings, lambda p: p)
+    assert "amended" not in document["states"]
+    [pipeline] = [p for p in document["pipelines"] if p["pipeline"] == "user_activity_hourly"]
+    assert [w["state"] for w in pipeline["windows"]] == ["failed", "validated", "reprocessed"]
+    [counts] = [p["windows"] for p in status_data(settings)["pipelines"] if p["pipeline"] == "user_activity_hourly"]
+    assert counts == {"open": 0, "closed": 0, "validated": 1, "failed": 1, "reprocessed": 1, "late_waiting": 3}
 
 
 def test_docs_links_follow_the_mount_prefix(home: Path) -> None:

@@ -170,7 +170,7 @@ def test_status_json_is_one_document_with_stable_keys(tmp_path: Path) -> None:
                                  "duplicates": 0, "balanced": True, "watermark": None, "last_arrival": None}
     assert doc["pipelines"][0] == {
         "pipeline": "ad_clicks_hourly",
-        "windows": {"open": 0, "closed": 0, "validated": 0, "failed": 0, "amended": 0, "reprocessed": 0},
+        "windows": {"open": 0, "closed": 0, "validated": 0, "failed": 0, "reprocessed": 0, "late_waiting": 0},
         "closed_up_to": None, "oldest_open": None,
     }
     assert {"table": "ops/alerts", "rows": None} in doc["tables"]

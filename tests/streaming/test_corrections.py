@@ -3,9 +3,10 @@
 The README's tutorial pipeline (``device_temps``: 15-minute windows every 5 minutes, a 2-minute watermark
 delay) gets readings in three cycles; in the third, a reading at 10:03 arrives after the watermark passed
 10:27. Its three hopping windows are all closed by then; the first of them, [09:50, 10:05), closed two
-cycles earlier. Under ``manual`` they are flagged ``amended`` and gold stays as it was; under ``auto`` the
-same cycle re-computes them with it, re-validates them, records the gold versions before and after, and
-sends one correction notice per window to a real webhook on 127.0.0.1.
+cycles earlier. Under ``manual`` they are flagged (``late_waiting`` counts the reading, the state keeps the
+window's data-quality outcome) and gold stays as it was; under ``auto`` the same cycle re-computes them with
+it, re-validates them, records the gold versions before and after, and sends one correction notice per window
+to a real webhook on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from sluice.config import Settings, load_settings
 from sluice.ingest.landing import run_ingest
 from sluice.storage.dlq import dlq_paths
 from sluice.storage.engine import engine_for
-from sluice.storage.ledger import LedgerRow, parse_gold_versions, read_ledger
+from sluice.storage.ledger import LedgerRow, join_detail, parse_gold_versions, read_ledger, split_detail
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
 from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.streaming.cycle import CycleResult, run_cycle
@@ -192,7 +193,7 @@ def test_input_spans_read_around_each_window_and_merge_overlaps() -> None:
 
 def test_the_detail_names_a_backfill_command_that_selects_exactly_the_window(tmp_path: Path) -> None:
     manual = make_settings(tmp_path).pipeline(PIPELINE)
-    row = LedgerRow(PIPELINE, *win("09:50"), "amended", at("10:12"), 3, 1, at("10:20"), at("10:50"),
+    row = LedgerRow(PIPELINE, *win("09:50"), "validated", at("10:12"), 3, 1, at("10:20"), at("10:50"),
                     late_waiting=1)
     command = backfill_command(manual, row.window)
     assert command == ("sluice backfill device_temps --start 2024-05-01T09:50:00Z --end 2024-05-01T09:55:00Z "
@@ -209,10 +210,25 @@ def test_the_detail_names_a_backfill_command_that_selects_exactly_the_window(tmp
     assert "max_age (40m)" in old and f"`{command}`" in old
 
 
+def test_a_detail_keeps_the_checks_findings_and_puts_the_late_data_text_after_them(tmp_path: Path) -> None:
+    """A failed window with late data waiting says both: why it failed, then what brings its late records in."""
+    manual = make_settings(tmp_path).pipeline(PIPELINE)
+    row = LedgerRow(PIPELINE, *win("10:00"), "failed", at("10:27"), 2, 2, at("10:35"), at("10:50"),
+                    late_waiting=1)
+    findings = "lateness:dlq_share_within_threshold (0.166667); validity:between_avg_temp_c (2 rows)"
+    for reprocessed in (False, True):
+        waiting = waiting_detail(manual, row, at("10:50"), reprocessed=reprocessed)
+        detail = join_detail(findings, waiting)
+        assert detail == f"{findings}; {waiting}"
+        assert split_detail(detail) == (findings, waiting)
+        assert split_detail(waiting) == (None, waiting)
+    assert split_detail(findings) == (findings, None) and join_detail(None, None) is None
+
+
 # ------------------------------------------------------------------------------------------------ manual
 @pytest.mark.spark
 @pytest.mark.timeout(1200)
-def test_manual_flags_amended_windows_and_leaves_gold_alone(
+def test_manual_flags_late_data_waiting_and_leaves_gold_alone(
     spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     settings = make_settings(tmp_path)
@@ -224,10 +240,10 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
     third = run_at(spark, settings, "10:50")
     assert third.amended == LATE_WINDOWS
     assert third.corrected == []
-    assert "now amended" in third.render()
+    assert "late data waiting" in third.render()
     rows = ledger(settings)
     for w in LATE_WINDOWS:
-        assert (rows[w].state, rows[w].late_waiting, rows[w].late_rows) == ("amended", 1, 1), rows[w]
+        assert (rows[w].state, rows[w].late_waiting, rows[w].late_rows) == ("validated", 1, 1), rows[w]
         detail = rows[w].detail or ""
         assert "1 late record(s)" in detail and backfill_command(settings.pipeline(PIPELINE), w) in detail
     for w in set(rows) - set(LATE_WINDOWS):
@@ -246,7 +262,7 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
     status = status_json(settings, capsys, "--window", "2024-05-01T09:50:00Z", "--pipeline", PIPELINE)
     [flagged] = status["windows"]
     assert (flagged["state"], flagged["late_waiting"], flagged["gold_versions"], flagged["changes"]) == (
-        "amended", 1, None, [])
+        "validated", 1, None, [])
 
     # A backfill without --include-late rewrites from bronze only: the late reading is still not in gold,
     # so the window keeps its count (and says what to run); SPEC 6 still marks it reprocessed.
@@ -276,8 +292,8 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
     assert fourth.amended == [win("10:00"), win("10:05"), win("10:10")]
     rows = ledger(settings)
     assert {w: (r.state, r.late_waiting) for w, r in rows.items()} == {
-        win("09:50"): ("reprocessed", 0), win("09:55"): ("amended", 1), win("10:00"): ("amended", 2),
-        win("10:05"): ("amended", 1), win("10:10"): ("amended", 1)}
+        win("09:50"): ("reprocessed", 0), win("09:55"): ("validated", 1), win("10:00"): ("validated", 2),
+        win("10:05"): ("validated", 1), win("10:10"): ("validated", 1)}
 
     # Issue 13: the scan reads only the DLQ files added since it last ran (a file's counts per time bucket
     # are kept): the DLQ files of 10:03 and 10:12 are made unreadable, and a reading at 10:21 still counts
@@ -297,7 +313,69 @@ def test_manual_flags_amended_windows_and_leaves_gold_alone(
         for f, data in saved.items():
             f.write_bytes(data)
     assert {w: (r.state, r.late_waiting, r.late_rows) for w, r in ledger(settings).items()}[win("10:10")] == (
-        "amended", 2, 2)
+        "validated", 2, 2)
+
+
+# ------------------------------------------------------------------------------------------------ lateness
+# A reading of 10:11 that lands with the third on-time file is late (the watermark is 10:12 or more) for
+# windows still open: each of [10:00, 10:15), [10:05, 10:20) and [10:10, 10:25) closes with one DLQ record
+# among five or fewer, and fails the 1% lateness check (SPEC 5) at its first validation.
+LATE_BEFORE_CLOSE = ("r3b.jsonl", "10:31", [reading(10, "d2", "10:11", 30.0, 78)])
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(1200)
+def test_late_data_waiting_keeps_a_failed_window_failed_until_a_backfill_with_it_passes_lateness(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: a window that failed its checks and then got a late record still reads ``failed``, with
+    ``late_waiting`` 1 (SPEC 4); ``sluice backfill --include-late`` puts its DLQ records into gold, and the
+    lateness check, which counts only DLQ records not in gold, passes again (SPEC 5)."""
+    settings = make_settings(tmp_path, SLUICE_LATENESS_THRESHOLD="0.01")  # the shipped default
+
+    def run(now: str) -> CycleResult:
+        return run_cycle(replace(settings, now_override=at(now)), PIPELINE, spark=spark, deliver_alerts=False)
+
+    # One cycle takes the four files in arrival order (the reading of 10:11 after the watermark reached 10:27).
+    for file in [*ON_TIME, LATE_BEFORE_CLOSE]:
+        land_file(settings, file)
+    first = run("10:35")
+    failing = [win("10:00"), win("10:05"), win("10:10")]
+    assert first.quality is not None and sorted(first.quality.failed) == failing
+    assert {w: r.state for w, r in ledger(settings).items()} == {
+        **dict.fromkeys(FIRST_CLOSED, "validated"), **dict.fromkeys(failing, "failed")}
+
+    # After close, the 10:03 reading lands for [09:50, 10:05), [09:55, 10:10) (validated) and [10:00, 10:15)
+    # (failed): each has late data waiting, and each keeps its data-quality outcome.
+    land_file(settings, LATE)
+    assert run("10:50").amended == LATE_WINDOWS
+    rows = ledger(settings)
+    assert {w: (rows[w].state, rows[w].late_waiting) for w in [*LATE_WINDOWS, *failing]} == {
+        win("09:50"): ("validated", 1), win("09:55"): ("validated", 1), win("10:00"): ("failed", 1),
+        win("10:05"): ("failed", 0), win("10:10"): ("failed", 0)}
+    detail = rows[win("10:00")].detail or ""
+    assert detail.startswith("lateness:dlq_share_within_threshold (") and "1 late record(s) landed" in detail
+    status = status_json(settings, capsys)
+    [counts] = [p["windows"] for p in status["pipelines"] if p["pipeline"] == PIPELINE]
+    assert {k: counts[k] for k in ("validated", "failed", "reprocessed", "late_waiting")} == {
+        "validated": 2, "failed": 3, "reprocessed": 0, "late_waiting": 3}
+    assert {(w["window_start"], w["detail"]) for w in status["failed_windows"]} >= {
+        ("2024-05-01T10:00:00Z", rows[win("10:00")].detail)}
+
+    # The command the failed window's detail names: its two DLQ records (10:11 and 10:03) go into gold, and
+    # none of them is late data any more. The backfill's range holds the three windows starting at 09:50,
+    # 09:55 and 10:00: all three pass.
+    backfill = run_backfill(settings, PIPELINE, at("09:50"), at("10:05"), include_late=True, spark=spark,
+                            deliver_alerts=False)
+    assert backfill.windows == LATE_WINDOWS and backfill.quality is not None
+    assert backfill.quality.failed == {}, backfill.quality.failed
+    rows = ledger(settings)
+    assert {w: (rows[w].state, rows[w].late_waiting, rows[w].detail) for w in LATE_WINDOWS} == dict.fromkeys(
+        LATE_WINDOWS, ("reprocessed", 0, None))
+    assert d1_readings(gold(settings)[win("10:00")]) == 4 and int(gold(settings)[win("10:00")]["d2"]["readings"]) == 3
+    lateness = {(r["window_start"], r["observed_value"]) for r in table(settings, "ops/dq_results")
+                if r["expectation"] == "lateness:dlq_share_within_threshold" and r["window_start"] == at("10:00")}
+    assert lateness == {(at("10:00"), "0")}
 
 
 # ------------------------------------------------------------------------------------------------ no-op
@@ -423,7 +501,7 @@ def test_auto_respects_max_age_and_corrects_at_most_n_oldest_first(spark: SparkS
     assert (third.corrections.deferred, third.corrections.too_old) == ([win("10:00")], [win("09:50")])
     rows = ledger(settings)
     assert {w: (rows[w].state, rows[w].late_waiting) for w in LATE_WINDOWS} == {
-        win("09:50"): ("amended", 1), win("09:55"): ("reprocessed", 0), win("10:00"): ("amended", 1)}
+        win("09:50"): ("validated", 1), win("09:55"): ("reprocessed", 0), win("10:00"): ("validated", 1)}
     old = rows[win("09:50")].detail
     command = backfill_command(definition, win("09:50"))
     assert old is not None and "max_age (40m)" in old and f"`{command}`" in old
@@ -437,7 +515,7 @@ def test_auto_respects_max_age_and_corrects_at_most_n_oldest_first(spark: SparkS
     assert fourth.corrections.too_old == [win("09:50")]
     rows = ledger(settings)
     assert (rows[win("10:00")].state, rows[win("10:00")].late_waiting) == ("reprocessed", 0)
-    assert (rows[win("09:50")].state, rows[win("09:50")].late_waiting) == ("amended", 1)
+    assert (rows[win("09:50")].state, rows[win("09:50")].late_waiting) == ("validated", 1)
     assert d1_readings(gold(settings)[win("10:00")]) == d1_readings(before[win("10:00")]) + 1
 
     # Then nothing is left to do: another cycle commits nothing.
@@ -485,8 +563,8 @@ def test_a_sigkill_after_the_dlq_commit_or_after_the_correction_loses_nothing(
     crashed = _sluice_run(settings, "10:50", SLUICE_KILL_AFTER_COMMIT="gold/device_temps:1")
     assert crashed.returncode == -9, crashed.stderr[-3000:]
     assert gold_version(settings) == version + 1
-    assert {w: r.state for w, r in ledger(settings).items() if w in LATE_WINDOWS} == dict.fromkeys(
-        LATE_WINDOWS, "amended")
+    assert {w: (r.state, r.late_waiting) for w, r in ledger(settings).items() if w in LATE_WINDOWS} == dict.fromkeys(
+        LATE_WINDOWS, ("validated", 1))
 
     # The next run finishes that correction: not replaced again, the versions of the first replace, the
     # totals from before it, one notice per window.

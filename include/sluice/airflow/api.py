@@ -22,7 +22,7 @@ from sluice.storage import tables
 from sluice.storage.engine import read_small_table
 from sluice.storage.ledger import STATES, LedgerRow, read_ledger
 
-#: Grid rows, in lifecycle order (``amended``: late records landed after the window closed); any other state
+#: Grid rows, in lifecycle order (late data waiting is ``late_waiting``, apart from the state); any other state
 #: found in the ledger is appended after these.
 GRID_STATES = STATES
 HOUR = timedelta(hours=1)
@@ -45,7 +45,7 @@ def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: i
         windows = [_window(r, dq.get(_key(name, r.window_start, r.window_end))) for r in rows]
         windows += [
             {"window_start": rfc3339(s), "window_end": rfc3339(e), "state": "open", "rows": None, "late_rows": None,
-             "closed_by_watermark": None, "detail": None, "dq": None, "docs_url": None}
+             "late_waiting": None, "closed_by_watermark": None, "detail": None, "dq": None, "docs_url": None}
             for s, e in open_windows(_bronze_hours(settings, definition.streams), definition.window, rows)
         ]
         windows.sort(key=lambda w: (w["window_start"], w["window_end"]))
@@ -100,7 +100,8 @@ def _window(r: LedgerRow, dq: dict[str, Any] | None) -> dict[str, Any]:
     result = {k: v for k, v in dq.items() if k != "docs_url"} if dq else None
     return {
         "window_start": rfc3339(r.window_start), "window_end": rfc3339(r.window_end), "state": r.state,
-        "rows": r.rows, "late_rows": r.late_rows, "closed_by_watermark": rfc3339(r.closed_by_watermark),
+        "rows": r.rows, "late_rows": r.late_rows, "late_waiting": r.late_waiting,
+        "closed_by_watermark": rfc3339(r.closed_by_watermark),
         "detail": r.detail, "dq": result, "docs_url": dq["docs_url"] if dq else None,
     }
 

@@ -83,13 +83,18 @@ class Alert:
         return cls(pipeline, None, None, failed, None, raised_at, UNREADABLE_FILE)
 
     @classmethod
-    def stale(cls, pipeline: str, window: tuple[datetime, datetime], due: datetime, holding: Mapping[str, Any],
-              raised_at: datetime, docs_url: str | None = None) -> Alert:
-        """The window was due closed at ``due`` (end + lateness_bound + freshness_grace) and is still open;
-        ``holding``: the stream(s) whose watermark holds it back -> that watermark (None: no data yet)."""
+    def stale(cls, pipeline: str, window: tuple[datetime, datetime], due: datetime,
+              holding: Mapping[str, datetime | str | None], raised_at: datetime, docs_url: str | None = None
+              ) -> Alert:
+        """The window was due closed at ``due`` (see :mod:`sluice.quality.freshness`) and is still open;
+        ``holding``: the stream(s) holding it back -> their watermark, or why they have none (text)."""
+        def state(mark: datetime | str | None) -> str:
+            if isinstance(mark, datetime):
+                return f"watermark {_rfc3339(mark)}"
+            return mark or "no watermark yet"
+
         failed = [{"expectation": f"freshness:{stream}",
-                   "observed_value": f"watermark {_rfc3339(mark) if mark else 'none yet'}, window due closed by "
-                                     f"{_rfc3339(due)}"}
+                   "observed_value": f"{state(mark)}, window due closed by {_rfc3339(due)}"}
                   for stream, mark in sorted(holding.items())]
         return cls(pipeline, window[0], window[1], failed, docs_url, raised_at, STALE)
 

@@ -24,10 +24,12 @@ from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import ConfigError, Settings
 from sluice.ingest.landing import all_late, all_late_message, load_state, local_path
 from sluice.storage import tables
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger, split_detail
 
-#: The ledger states counted per pipeline, after ``open`` (hours in bronze that no window covers yet).
-LEDGER_STATES = ("closed", "validated", "failed", "amended", "reprocessed")
+#: The ledger states counted per pipeline, after ``open`` (hours in bronze that no window covers yet): the
+#: data-quality lifecycle (SPEC 4). Late data waiting is counted apart, whatever the window's state.
+LEDGER_STATES = ("closed", "validated", "failed", "reprocessed")
+LATE_WAITING = "late_waiting"
 
 
 def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
@@ -36,8 +38,8 @@ def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
 
 
 def pipeline_windows(settings: Settings) -> list[dict[str, Any]]:
-    """Per registered pipeline: its ledger windows by state, how far windows are closed, and the event hours
-    in bronze that no window covers yet (open)."""
+    """Per registered pipeline: its ledger windows by state, then those with late data waiting (of any state),
+    how far windows are closed, and the event hours in bronze that no window covers yet (open)."""
     out = []
     for pipeline, definition in sorted(settings.registry.pipelines.items()):
         ledger = read_ledger(settings, pipeline)
@@ -48,7 +50,8 @@ def pipeline_windows(settings: Settings) -> list[dict[str, Any]]:
         open_hours = sorted(h for h in hours if h not in closed_starts and (last_closed is None or h >= last_closed))
         out.append({
             "pipeline": pipeline,
-            "windows": {"open": len(open_hours), **{state: states.get(state, 0) for state in LEDGER_STATES}},
+            "windows": {"open": len(open_hours), **{state: states.get(state, 0) for state in LEDGER_STATES},
+                        LATE_WAITING: sum(1 for r in ledger if r.late_waiting > 0)},
             "closed_up_to": last_closed,
             "oldest_open": open_hours[0] if open_hours else None,
         })
@@ -61,7 +64,7 @@ def ledger_summary(settings: Settings) -> str:
         for p in pipeline_windows(settings)
     ]
     return render_table(
-        ["pipeline", "open", *LEDGER_STATES, "closed up to", "oldest open"], rows
+        ["pipeline", "open", *LEDGER_STATES, "late waiting", "closed up to", "oldest open"], rows
     )
 
 
@@ -117,10 +120,13 @@ def render_status(settings: Settings) -> str:
     if failed:
         out += ["", "failed windows:"]
         out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in failed[-10:]]
-    amended = [r for r in ledger if r.state == "amended"]
-    if amended:
-        out += ["", "amended windows (late records not in gold yet; `sluice status --window START` for one):"]
-        out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M}: {r.detail}" for r in amended[-10:]]
+    late = [r for r in ledger if r.late_waiting > 0]
+    if late:
+        out += ["", "windows with late data waiting (late records not in gold yet; `sluice status --window START` "
+                    "for one):"]
+        # The findings of a failed window are listed above: here, what is to be done about its late data.
+        out += [f"  {r.pipeline} {r.window_start:%Y-%m-%d %H:%M} ({r.state}, {r.late_waiting} waiting): "
+                f"{split_detail(r.detail)[1] or r.detail}" for r in late[-10:]]
     out += ["", "tables (rows):"]
     rows = [[name, "-" if count is None else count] for name, count in _table_counts(settings)]
     out.append(render_table(["table", "rows"], rows))

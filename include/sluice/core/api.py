@@ -192,7 +192,7 @@ class Pipeline:
     description: str = ""
     tags: Sequence[str] = ()
     # Late data and freshness (README "Operations"): what happens when DLQ records land for a closed window
-    # ("manual": the window is flagged ``amended``; "auto": the next cycle re-computes it with its late
+    # ("manual": the window's ``late_waiting`` counts them; "auto": the next cycle re-computes it with its late
     # records), how old a window may be and still be corrected automatically, and how long after
     # end + lateness_bound a window may stay open before a ``stale`` alert.
     corrections: str = "manual"

@@ -105,8 +105,9 @@ class PipelineDef:
     description: str = ""
     tags: tuple[str, ...] = ()
     source: Path | None = None  # the file that declared it
-    # Late data after a window closed: "manual" flags it ``amended``; "auto" also re-computes it (at most
-    # ``max_corrections_per_run`` windows per cycle, none older than ``correction_max_age``).
+    # Late data after a window closed: "manual" flags it (``late_waiting``; the state keeps its DQ outcome);
+    # "auto" also re-computes it (at most ``max_corrections_per_run`` windows per cycle, none older than
+    # ``correction_max_age``).
     corrections: str = "manual"
     correction_max_age: timedelta = timedelta(days=7)
     max_corrections_per_run: int = 24

@@ -5,7 +5,8 @@ gold table's files), its bronze counts (one Spark query per stream over the wind
 Great Expectations checks the gold rows) and its DLQ count (kept per DLQ file). GE validates those small
 inputs, never a scan of raw data. Results go to ops/dq_results and Data Docs; the ledger becomes
 ``validated`` or ``failed``; a failure raises exactly one alert (webhook and/or email) and writes a row to
-ops/alerts.
+ops/alerts. The lateness check counts the window's DLQ records that are not in gold (SPEC 5): all of them after
+the streaming path, none of those a backfill or correction with ``include_late`` has just rebuilt gold with.
 """
 
 from __future__ import annotations
@@ -168,13 +169,16 @@ class QualityChecker:
         deliver: bool = True,
         include_late: bool = False,
         rounds: Mapping[Window, int] | None = None,
+        late_in_gold: Mapping[Window, int] | None = None,
     ) -> QualityReport:
         """Validate ``windows`` (default: all pending). ``final_state`` overrides the ledger state written
         on success (backfills mark windows ``reprocessed``). With ``deliver=False`` failing windows get their
         ops/alerts row but delivery is left to :func:`deliver_pending_alerts` (the DAG's alert task).
         ``include_late``: gold was rebuilt with the DLQ records (a backfill), so completeness counts them.
         ``rounds``: the validation round (``attempt``) of each window, as a backfill or correction planned it
-        before its first commit; other windows take the ledger's attempt + 1."""
+        before its first commit; other windows take the ledger's attempt + 1.
+        ``late_in_gold``: per window, how many of its DLQ records gold was just rebuilt with (a backfill with
+        ``include_late``): the lateness check counts only the DLQ records not in gold (SPEC 5)."""
         report = QualityReport(self.pipeline.name)
         if windows is None:  # the scheduled check (not a backfill's): also judge freshness
             self._freshness()
@@ -222,8 +226,11 @@ class QualityChecker:
             with progress(len(windows), f"data quality {self.pipeline.name}: totals", "window") as advance:
                 for window in windows:
                     late = late_by_window.get(window, 0)
+                    # The window's records are bronze's and the DLQ's; of the DLQ's, those gold holds are no
+                    # longer late data (a backfill or correction with the late records put them in).
+                    waiting = max(0, late - (late_in_gold or {}).get(window, 0))
                     run = validator.validate_totals(
-                        self.pipeline.name, *window, completeness=completeness.get(window, {}), late_rows=late,
+                        self.pipeline.name, *window, completeness=completeness.get(window, {}), late_rows=waiting,
                         total_rows=totals.get(window, 0) + late,
                     )
                     validation = validator.combine(self.pipeline.name, *window, [run, *gold_runs[window]])

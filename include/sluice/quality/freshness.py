@@ -1,34 +1,71 @@
-"""Freshness: a window still open at ``end + lateness_bound + freshness_grace`` is ``stale``.
+"""Freshness: a window held open past its due time is ``stale``.
 
-Windows close when the pipeline watermark W (the minimum of its streams' stored watermarks, heartbeats
-included) reaches ``end + lateness_bound``. An idle stream gets heartbeats, so a producer that merely
-stopped does not hold windows open for long (``idle_timeout + watermark_delay``). A window that stays open
-past its grace therefore means that something is stuck: a stream keeps receiving files whose event times
-lag behind (a producer replaying old data, a clock gone wrong), or cycles stopped running for the streams.
-The alert names the stream(s) whose watermark is W: the ones holding the window back.
+**Which window.** Windows close when the pipeline watermark W (the minimum of its streams' stored watermarks,
+heartbeats included) reaches ``end + lateness_bound``. An idle stream gets heartbeats, so a producer that
+merely stopped does not hold windows open for long (``idle_timeout + watermark_delay``). A window that stays
+open past its due time therefore means that something is stuck: a stream keeps receiving files whose event
+times lag behind (a producer replaying old data, a clock gone wrong), cycles stopped running for the
+streams, or a stream has never received a file. The judged window is:
 
-Only the oldest open window is judged, and its alert is keyed by that window: a stuck pipeline raises one
-``stale`` alert for it, not one per cycle. A pipeline that keeps lagging would otherwise raise one for
-every window as its watermark crawls on, so a new ``stale`` alert also waits until ``freshness_grace``
-has passed since the pipeline's previous one. Pure metadata (ops rows and the outbox), no Spark.
+* when every stream has a watermark: the oldest open window under W, held back by the stream(s) whose
+  watermark is W;
+* when some stream has none (it has never received a file, SPEC 3: no watermark, no heartbeat) while others
+  have data: that stream holds every window of the pipeline open, so the judged window is the oldest one the
+  other streams' data fills (the first window holding their earliest accepted event time, read from the
+  earliest event hour of bronze). The alert names the stream and says it has received no file yet (with any
+  other stream whose watermark is still short of the window's close). A pipeline none of whose streams has
+  a watermark has nothing to be late with: no alert.
+
+**When it is due.** One ``freshness_grace`` after the later of two moments: ``end + lateness_bound`` (when
+live data closes the window) and the arrival of the first file that reached it (the earliest landing batch
+of the pipeline's streams whose newest event time is at or past the window's start). For live data the two
+are minutes apart and the rule is ``end + lateness_bound + freshness_grace``. For history (a backlog of
+last year's events landing now) the second one decides: a pipeline is not late with data it has only just
+received, so a first run over historical data raises nothing, and neither does a replay that keeps moving
+(each window it holds open got its data recently). A replay that stops moving, files still arriving for
+the same old hour, is stale one grace after that hour's data arrived. Files that landed long before the
+run are covered by heartbeats: their stream is idle, and its windows close in the same cycle.
+
+Only the judged window raises, and its alert is keyed by that window: a stuck pipeline raises one ``stale``
+alert for it, not one per cycle. A pipeline that keeps lagging would otherwise raise one for every window as
+its watermark crawls on, so a new ``stale`` alert also waits until ``freshness_grace`` has passed since the
+pipeline's previous one. Pure metadata (ops rows, the outbox, one event hour of bronze), no Spark.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING
+from urllib.parse import unquote
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from deltalake import DeltaTable
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
 from sluice.core.windows import first_window_start_at_or_after
+from sluice.storage import tables
 
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert
+    from sluice.ingest.landing import StreamState
 
 _TICK = timedelta(microseconds=1)
+_HOUR = timedelta(hours=1)
+
+Window = tuple[datetime, datetime]
+#: What holds a window open, per stream: its watermark, or why it has none.
+Holding = dict[str, datetime | str]
+
+NO_FILE = "no file received yet, so no watermark"
+NO_RECORD = "no record accepted yet, so no watermark"
 
 
-def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> tuple[datetime, datetime]:
+def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> Window:
     """The open window with the earliest end, under pipeline watermark ``watermark``: the first window
     whose ``end + lateness_bound > watermark`` (ends are ``k * slide + size`` on the epoch grid)."""
     size, slide = pipeline.window.size, pipeline.window.slide
@@ -36,19 +73,62 @@ def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> tuple[date
     return start, start + size
 
 
+def first_window_holding(pipeline: PipelineDef, moment: datetime) -> Window:
+    """The earliest window whose end is after ``moment``: the first one holding it (or, for windows with
+    gaps between them, the first one after it)."""
+    size, slide = pipeline.window.size, pipeline.window.slide
+    start = first_window_start_at_or_after(moment - size + _TICK, slide)
+    return start, start + size
+
+
+def due_time(pipeline: PipelineDef, window: Window, states: Iterable[StreamState]) -> datetime:
+    """When ``window`` is due closed (see the module docstring): one grace after the later of its
+    ``end + lateness_bound`` and the arrival of the first landing batch that reached it."""
+    closes = window[1] + pipeline.lateness_bound
+    # (arrival, newest event time) of every landing batch; heartbeats have no arrival.
+    batches = [(r.max_arrival_time, r.max_event_time) for state in states for r in state.rows
+               if not r.is_heartbeat and r.max_arrival_time is not None]
+    reached = [arrival for arrival, newest in batches if newest is not None and newest >= window[0]]
+    # None reached it (a window past the newest data, with gaps between windows): the newest data is what
+    # the pipeline has had the longest for it.
+    arrived = min(reached, default=max((arrival for arrival, _ in batches), default=closes))
+    return max(closes, arrived) + pipeline.freshness_grace
+
+
+def judged_window(settings: Settings, pipeline: PipelineDef, states: Mapping[str, StreamState]
+                  ) -> tuple[Window, Holding] | None:
+    """The window freshness judges and what holds it open (see the module docstring); None when no stream
+    of the pipeline has a watermark yet."""
+    marks = {stream: state.watermark for stream, state in states.items()}
+    known = {stream: mark for stream, mark in marks.items() if mark is not None}
+    if not known:
+        return None
+    if len(known) == len(marks):
+        watermark = min(known.values())
+        return oldest_open_window(pipeline, watermark), {s: m for s, m in known.items() if m == watermark}
+    first = earliest_event_time(settings, sorted(known))
+    if first is None:
+        return None
+    window = first_window_holding(pipeline, first)
+    closes = window[1] + pipeline.lateness_bound
+    holding: Holding = {s: m for s, m in known.items() if m < closes}
+    for stream, mark in marks.items():
+        if mark is None:
+            holding[stream] = NO_FILE if states[stream].last_arrival is None else NO_RECORD
+    return window, holding
+
+
 def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
-    """The ``stale`` alert of the oldest open window, if it is past due (a list of at most one
-    :class:`~sluice.alerting.alert.Alert`). Nothing before every stream has a watermark: a pipeline that
-    has never seen data has no window to be late with."""
+    """The ``stale`` alert of the judged window, if it is past due (a list of at most one
+    :class:`~sluice.alerting.alert.Alert`)."""
     from sluice.ingest.landing import load_state
 
-    marks = {stream: load_state(settings, stream).watermark for stream in pipeline.streams}
-    known = [mark for mark in marks.values() if mark is not None]
-    if len(known) < len(marks) or not known:
+    states = {stream: load_state(settings, stream) for stream in pipeline.streams}
+    judged = judged_window(settings, pipeline, states)
+    if judged is None:
         return []
-    watermark = min(known)
-    window = oldest_open_window(pipeline, watermark)
-    due = window[1] + pipeline.lateness_bound + pipeline.freshness_grace
+    window, holding = judged
+    due = due_time(pipeline, window, states.values())
     now = settings.now()
     if now < due:
         return []
@@ -58,9 +138,49 @@ def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
     previous = [r["raised_at"] for r in read_outbox(settings, pipeline.name) if r.get("kind") == STALE]
     if previous and now - max(_utc(t) for t in previous) < pipeline.freshness_grace:
         return []
-
-    holding = {stream: mark for stream, mark in marks.items() if mark == watermark}
     return [Alert.stale(pipeline.name, window, due, holding, now, docs_url=settings.docs_url())]
+
+
+def earliest_event_time(settings: Settings, streams: Sequence[str]) -> datetime | None:
+    """The earliest event time of an accepted record (not a heartbeat) in the streams' bronze tables."""
+    found = [t for s in streams if (t := _earliest_record(tables.bronze(settings.stream(s)).path(settings)))]
+    return min(found, default=None)
+
+
+def _earliest_record(path: Path) -> datetime | None:
+    """The bronze table's earliest record: its event hours come from the Delta log (partition values), and
+    only the files of the earliest hour holding a record are read (two columns). A table whose files alone
+    are not its rows (reader protocol above 1) answers with that hour's start."""
+    if not DeltaTable.is_deltatable(str(path)):
+        return None
+    table = DeltaTable(str(path))
+    actions = pa.table(table.get_add_actions(flatten=False))
+    by_hour: dict[datetime, list[str]] = {}
+    if actions.num_rows:
+        for rel, part in zip(actions.column("path").to_pylist(), actions.column("partition").to_pylist(),
+                             strict=True):
+            hour = tables.partition_hour(part or {})
+            if hour is not None:
+                by_hour.setdefault(hour, []).append(str(path / unquote(rel)))
+    plain = table.protocol().min_reader_version <= 1
+    for hour in sorted(by_hour):
+        if not plain:
+            return hour
+        found = _earliest_in(by_hour[hour])
+        if found is not None:
+            return found
+    return None
+
+
+def _earliest_in(files: Sequence[str]) -> datetime | None:
+    """The earliest event time of a record (heartbeats excluded) in these bronze data files."""
+    parts = [pq.read_table(f, columns=["event_time", "is_heartbeat"]) for f in files]
+    data = pa.concat_tables(parts)
+    records = data.filter(pc.invert(pc.fill_null(data.column("is_heartbeat"), False)))
+    if not records.num_rows:
+        return None
+    earliest = pc.min(records.column("event_time")).as_py()
+    return None if earliest is None else _utc(earliest)
 
 
 def _utc(value: datetime) -> datetime:

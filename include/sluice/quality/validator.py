@@ -300,7 +300,7 @@ class WindowValidator:
         formatters[LATENESS] = _format_share
         notes = [
             "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
-            f"SPEC 5 lateness: DLQ rows / all rows of the window <= {self.lateness_threshold:g}.",
+            f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {self.lateness_threshold:g}.",
         ]
         return self._register(name, signature, self._totals_batch, expectations, formatters, notes)
 

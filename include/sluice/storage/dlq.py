@@ -13,6 +13,7 @@ import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from urllib.parse import unquote
@@ -28,6 +29,7 @@ from sluice.storage import tables
 
 Window = tuple[datetime, datetime]
 _LOCK = threading.Lock()
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def dlq_paths(settings: Settings, pipeline: PipelineDef) -> dict[str, Path]:
@@ -39,8 +41,31 @@ def dlq_counts(settings: Settings, pipeline: PipelineDef, windows: Sequence[Wind
     are left out."""
     if not windows:
         return {}
+    return dlq_snapshot(settings, pipeline).counts(windows)
+
+
+def dlq_snapshot(settings: Settings, pipeline: PipelineDef) -> DlqSnapshot:
+    """The pipeline's DLQ records per time bucket as the DLQ tables hold them now: counts for any windows
+    later, as of this moment (a backfill with ``include_late`` takes one before it reads the DLQ)."""
     with _LOCK:  # one writer of the kept counts at a time within a process (the outputs' query threads)
-        return DlqBuckets(settings, pipeline).counts(windows)
+        return DlqBuckets(settings, pipeline).snapshot()
+
+
+@dataclass(frozen=True)
+class DlqSnapshot:
+    """DLQ records per time bucket (start in µs since the epoch -> records) at one moment."""
+
+    totals: Mapping[int, int]
+
+    def counts(self, windows: Sequence[Window]) -> dict[Window, int]:
+        """DLQ records per window (event_time in [start, end)); windows without any are left out."""
+        out = {}
+        for window in windows:
+            lo, hi = ((t - _EPOCH) // timedelta(microseconds=1) for t in window)
+            n = sum(count for start, count in self.totals.items() if lo <= start < hi)
+            if n:
+                out[window] = n
+        return out
 
 
 class DlqBuckets:
@@ -96,17 +121,14 @@ class DlqBuckets:
         counted = pc.value_counts(starts).to_pylist()
         return {int(c["values"]): int(c["counts"]) for c in counted if c["values"] is not None}
 
-    def counts(self, windows: Sequence[Window]) -> dict[Window, int]:
-        """DLQ records per window (event_time in [start, end)), over the pipeline's streams."""
+    def snapshot(self) -> DlqSnapshot:
+        """The live DLQ files' buckets summed over the pipeline's streams."""
         totals: dict[int, int] = {}
         for buckets in self.buckets().values():
             for start, n in buckets.items():
                 totals[start] = totals.get(start, 0) + n
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-        out = {}
-        for window in windows:
-            lo, hi = ((t - epoch) // timedelta(microseconds=1) for t in window)
-            n = sum(count for start, count in totals.items() if lo <= start < hi)
-            if n:
-                out[window] = n
-        return out
+        return DlqSnapshot(totals)
+
+    def counts(self, windows: Sequence[Window]) -> dict[Window, int]:
+        """DLQ records per window (event_time in [start, end)), over the pipeline's streams."""
+        return self.snapshot().counts(windows)

@@ -1,9 +1,16 @@
 """ops/window_ledger: one row per (pipeline, window), from the moment the window closes.
 
-States: ``closed`` (written to gold by the watermark) -> ``validated`` | ``failed`` (data quality) ->
-``amended`` (late records landed after it closed; ``late_waiting`` counts them) -> ``reprocessed`` (a
-backfill or an automatic correction rewrote it). The ledger is tiny (windows, not records), so it is read on the
+``state`` is the window's data-quality lifecycle (SPEC 4): ``closed`` (written to gold by the watermark) ->
+``validated`` | ``failed`` (data quality) -> ``reprocessed`` (a backfill or an automatic correction rewrote it
+and its checks passed; ``failed`` if they did not). Late data is kept apart from it: ``late_waiting`` counts the
+DLQ records that landed after the window closed and are not in gold yet, whatever the state, so a failed window
+with late data waiting still reads ``failed``. The ledger is tiny (windows, not records), so it is read on the
 driver with delta-rs and rewritten through the engine in one atomic commit per change.
+
+Ledgers written before that split have rows in state ``amended`` (late data waiting), which hid the window's
+data-quality outcome. :func:`read_ledger` reads such a row with the state its last validation left in
+ops/dq_results (``failed`` if an expectation failed, otherwise ``reprocessed`` for a window a backfill rewrote
+and ``validated`` for the others); the next write of the row stores it.
 
 ``gold_versions`` holds the Delta versions of each gold table before and after the last backfill or
 correction of the window, as JSON (``{"gold/<output>": [before, after]}``): what ``sluice status --window``
@@ -13,6 +20,7 @@ time-travels to.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
@@ -31,7 +39,7 @@ from sluice.storage.engine import (
     commit_backoff,
     read_small_table,
 )
-from sluice.storage.tables import TableDef
+from sluice.storage.tables import DQ_RESULTS, TableDef
 
 WINDOW_LEDGER = TableDef(
     "ops/window_ledger",
@@ -59,10 +67,12 @@ WINDOW_LEDGER = TableDef(
     ),
 )
 
-STATES = ("open", "closed", "validated", "failed", "amended", "reprocessed")
-#: States of windows whose first validation is done: late records landing for them now are amendments.
+STATES = ("open", "closed", "validated", "failed", "reprocessed")
+#: States of windows whose first validation is done: late records landing for them now are late data waiting.
 #: (``closed`` windows await their first validation, whose lateness check counts the DLQ itself.)
-SETTLED_STATES = ("validated", "failed", "amended", "reprocessed")
+SETTLED_STATES = ("validated", "failed", "reprocessed")
+#: The state older ledgers gave a window with late data waiting, in place of its data-quality outcome.
+LEGACY_AMENDED = "amended"
 
 Window = tuple[datetime, datetime]
 
@@ -118,7 +128,49 @@ def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerR
     for r in pa.Table.to_pylist(table):
         values: dict[str, Any] = {k: (0 if v is None and k in counters else v) for k, v in r.items() if k in names}
         rows.append(LedgerRow(**values))
+    if any(r.state == LEGACY_AMENDED for r in rows):
+        _migrate_amended(settings, rows)
     return sorted(rows, key=lambda r: r.key)
+
+
+def _migrate_amended(settings: Settings, rows: Sequence[LedgerRow]) -> None:
+    """Rows of an older ledger in state ``amended`` get back the data-quality outcome it replaced (see the
+    module docstring); their ``late_waiting`` already counts the late data."""
+    failed = _failed_windows(settings)
+    for row in rows:
+        if row.state == LEGACY_AMENDED:
+            row.state = "failed" if row.key in failed else "reprocessed" if row.gold_versions else "validated"
+
+
+def _failed_windows(settings: Settings) -> set[tuple[str, datetime, datetime]]:
+    """(pipeline, start, end) of every window whose last validation failed an expectation (ops/dq_results
+    keeps each window's last validation only)."""
+    data = read_small_table(DQ_RESULTS.path(settings), ["pipeline", "window_start", "window_end", "success"])
+    if data is None:
+        return set()
+    return {(r["pipeline"], r["window_start"], r["window_end"]) for r in data.to_pylist() if r["success"] is False}
+
+
+# A ledger detail is the window's data-quality findings (failed expectations), then what is to be done about
+# its late data waiting (sluice.streaming.corrections.waiting_detail), which always comes last and starts
+# with its count.
+_WAITING = re.compile(r"(?:^|; )(\d+ late record\(s\) (?:landed after the window closed|still not in gold).*)$", re.S)
+NOT_INCLUDED = "(the backfill ran without --include-late)"
+
+
+def split_detail(detail: str | None) -> tuple[str | None, str | None]:
+    """A ledger ``detail`` as (the data-quality findings, the late-data text), each None when absent."""
+    if not detail:
+        return None, None
+    found = _WAITING.search(detail)
+    if found is None:
+        return detail, None
+    return detail[: found.start()] or None, found.group(1)
+
+
+def join_detail(findings: str | None, waiting: str | None) -> str | None:
+    """The ledger ``detail`` of a window: its data-quality findings, then the late-data text."""
+    return "; ".join(part for part in (findings, waiting) if part) or None
 
 
 def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:

@@ -13,11 +13,15 @@ replace per gold table; a set reads bronze only around its windows.
 
 **Late records and the ledger.** Each rewritten window records the gold tables' Delta versions before and
 after the replace (``gold_versions``). With ``include_late`` its late records are in gold afterwards, so
-``late_waiting`` drops to 0. Without it they are still not in gold: the window keeps its ``late_waiting``
-count (and, under ``corrections: auto``, a later cycle corrects it), its state is what its re-validation
-says, and its ``detail`` names the ``--include-late`` command. ``late_rows`` keeps the count the ledger had
-when the backfill started (the validation counts the DLQ again, later), so a late record that lands while
-the backfill runs is flagged by the next amendment scan instead of being taken for one already in gold.
+``late_waiting`` drops to 0, and its re-validation's lateness check no longer counts them (SPEC 5: only DLQ
+records not in gold count). Those in gold are the ones the DLQ held before the backfill read it: the ledger's
+``late_rows``, or a count taken just before, so a record that lands meanwhile still counts as late. Without
+``include_late`` they are still not in gold: the window keeps its ``late_waiting`` count (and, under
+``corrections: auto``, a later cycle corrects it), its state is what its re-validation says (the lateness
+check counts them), and its ``detail`` names the ``--include-late`` command after the validation's findings.
+``late_rows`` keeps the count the ledger had when the backfill started (the validation counts the DLQ again,
+later), so a late record that lands while the backfill runs is flagged by the next amendment scan instead of
+being taken for one already in gold.
 
 **A crash mid-backfill.** ``sluice backfill`` plans its run in
 ``lake/_checkpoints/pipelines/<pipeline>/backfill.json`` before its first commit: the range, the app-transaction
@@ -50,13 +54,16 @@ from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
+from sluice.storage.dlq import dlq_snapshot
 from sluice.storage.engine import DeltaEngine, engine_for
 from sluice.storage.ledger import (
     SETTLED_STATES,
     LedgerRow,
     format_gold_versions,
+    join_detail,
     next_version,
     read_ledger,
+    split_detail,
     write_ledger,
 )
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
@@ -236,6 +243,8 @@ class Backfill:
         # (``closed``) takes its count from that validation, as the amendment scan assumes.
         late_rows = dict(self.late_rows) if self.late_rows is not None else {
             r.window: r.late_rows for r in read_ledger(self.settings, pipeline.name) if r.state in SETTLED_STATES}
+        # The DLQ as it is before the inputs read it: how many late records each window's gold is rebuilt with.
+        snapshot = dlq_snapshot(self.settings, pipeline) if req.include_late else None
         # The closing rule of every path: a window is final once W >= end + lateness_bound.
         closable_until = closing_boundary(self.settings, pipeline)
         scope = self._scope(closable_until)
@@ -274,9 +283,16 @@ class Backfill:
         result.skipped_open = sorted(set(result.skipped_open) - set(result.windows))
         self._mark_ledger(result)
         rounds = None if self.rounds is None else {w: self.rounds.get(w, 1) for w in result.windows}
+        in_gold = None
+        if snapshot is not None:
+            counted = snapshot.counts(result.windows)
+            # The ledger's count is the one a resumed run can trust: the snapshot of a rerun after a crash may
+            # hold records that landed after the first run read the DLQ.
+            in_gold = {w: min(late_rows[w], counted.get(w, 0)) if w in late_rows else counted.get(w, 0)
+                       for w in result.windows}
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
             result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts,
-            rounds=rounds,
+            rounds=rounds, late_in_gold=in_gold,
         )
         self._settle_ledger(result, late_rows)
         result.seconds = time.monotonic() - started
@@ -339,8 +355,8 @@ class Backfill:
             row.late_rows = late_rows.get(row.window, row.late_rows)
             if row.late_waiting > 0:
                 result.late_waiting[row.window] = row.late_waiting
-                waiting = waiting_detail(pipeline, row, now, reprocessed=True)
-                row.detail = f"{row.detail}; {waiting}" if row.state == "failed" and row.detail else waiting
+                findings = split_detail(row.detail)[0]
+                row.detail = join_detail(findings, waiting_detail(pipeline, row, now, reprocessed=True))
             if (row.late_rows, row.detail) != before:
                 row.updated_at = now
                 changed.append(row)

@@ -1,13 +1,14 @@
 """Corrections of closed windows: late records that land after a window closed (README "Operations").
 
 **The amendment scan** runs in every cycle right after ingest, before new windows close. For each window of
-the pipeline whose first validation is done (``validated``, ``failed``, ``amended``, ``reprocessed``) it
-counts the window's DLQ records (``event_time`` in ``[start, end)``, over the pipeline's streams; a record
-of a hopping pipeline counts in every window that holds it) and compares that with the ledger's
-``late_rows``, the count gold was last built or checked with. More records than that means late records
-are waiting: ``late_waiting`` grows by the difference, ``late_rows`` becomes the new count, the state
-becomes ``amended`` and ``detail`` says what happens next. (A ``closed`` window awaits its first
-validation, whose lateness check counts the DLQ itself.)
+the pipeline whose first validation is done (``validated``, ``failed``, ``reprocessed``) it counts the
+window's DLQ records (``event_time`` in ``[start, end)``, over the pipeline's streams; a record of a hopping
+pipeline counts in every window that holds it) and compares that with the ledger's ``late_rows``, the count
+gold was last built or checked with. More records than that means late records are waiting: ``late_waiting``
+grows by the difference, ``late_rows`` becomes the new count, and ``detail`` says what happens next, after
+what the window's last validation found. The state is left alone: it is the window's data-quality outcome
+(SPEC 4), and a failed window with late data waiting still reads ``failed``. (A ``closed`` window awaits its
+first validation, whose lateness check counts the DLQ itself.)
 
 * Cheap when nothing is new: a scan remembers how far it looked, as the sum of the pipeline's DLQ table
   versions (+1 each; that sum only grows), and the next one skips the count while the DLQ tables are still
@@ -21,9 +22,9 @@ validation, whose lateness check counts the DLQ itself.)
   so scanning twice never counts a record twice.
 
 **The policy** (``Pipeline(corrections=..., max_age=...)``, YAML ``pipelines.<name>``, env
-``SLUICE_<PIPELINE>_CORRECTIONS``): ``manual`` only flags. ``auto`` re-computes the amended windows after
-the cycle's aggregation, oldest first, at most ``max_corrections_per_run`` per cycle (the rest wait for the
-next one), through the backfill path with ``include_late``: one atomic replace per gold table for all of
+``SLUICE_<PIPELINE>_CORRECTIONS``): ``manual`` only flags. ``auto`` re-computes the windows with late data
+waiting after the cycle's aggregation, oldest first, at most ``max_corrections_per_run`` per cycle (the rest
+wait for the next one), through the backfill path with ``include_late``: one atomic replace per gold table for all of
 them, re-validation, the ledger ``reprocessed`` with ``late_waiting = 0`` and the gold tables' Delta
 versions before and after in ``gold_versions``; then one correction notice (an alert of level info) per
 window, with each output's totals before and after. Windows that ended more than ``max_age`` ago are only
@@ -61,11 +62,14 @@ from sluice.quality.checker import QualityReport
 from sluice.storage.dlq import dlq_counts, dlq_paths
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import (
+    NOT_INCLUDED,
     SETTLED_STATES,
     WINDOW_LEDGER,
     LedgerRow,
+    join_detail,
     next_version,
     read_ledger,
+    split_detail,
     write_ledger,
 )
 from sluice.streaming.backfill import WINDOW_COLUMNS, Backfill, Commits, window_key, window_of, windows_request
@@ -145,7 +149,8 @@ def save_scan_mark(settings: Settings, pipeline: PipelineDef, mark: int) -> None
 
 def amend(pipeline: PipelineDef, rows: Sequence[LedgerRow], counts: Mapping[Window, int], now: datetime
           ) -> list[LedgerRow]:
-    """The ledger rows whose DLQ count grew past ``late_rows``, updated: more ``late_waiting``, ``amended``."""
+    """The ledger rows whose DLQ count grew past ``late_rows``, updated: more ``late_waiting``, and a
+    ``detail`` that says so after the validation's findings. The state (the data-quality outcome) stays."""
     amended = []
     for row in rows:
         current = counts.get(row.window, 0)
@@ -153,9 +158,8 @@ def amend(pipeline: PipelineDef, rows: Sequence[LedgerRow], counts: Mapping[Wind
             continue
         row.late_waiting += current - row.late_rows
         row.late_rows = current
-        row.state = "amended"
         row.updated_at = now
-        row.detail = waiting_detail(pipeline, row, now)
+        row.detail = join_detail(split_detail(row.detail)[0], waiting_detail(pipeline, row, now))
         amended.append(row)
     return amended
 
@@ -176,7 +180,7 @@ def too_old(pipeline: PipelineDef, window: Window, now: datetime) -> bool:
 def waiting_detail(pipeline: PipelineDef, row: LedgerRow, now: datetime, *, reprocessed: bool = False) -> str:
     """The ledger ``detail`` of a window with late records not in gold: how many, and what happens next."""
     n = row.late_waiting
-    head = (f"{n} late record(s) still not in gold (the backfill ran without --include-late)" if reprocessed
+    head = (f"{n} late record(s) still not in gold {NOT_INCLUDED}" if reprocessed
             else f"{n} late record(s) landed after the window closed and are not in gold yet")
     command = backfill_command(pipeline, row.window)
     if pipeline.corrections != "auto":
@@ -255,11 +259,11 @@ class CorrectionReport:
             if self.quality is not None and self.quality.failed:
                 lines.append(f"  {len(self.quality.failed)} corrected window(s) failed their checks")
         if self.deferred:
-            lines.append(f"{len(self.deferred)} amended window(s) left for the next cycle (at most "
+            lines.append(f"{len(self.deferred)} window(s) with late data waiting left for the next cycle (at most "
                          f"{self.max_per_run} per cycle): {_windows(self.deferred)}")
         if self.too_old:
-            lines.append(f"{len(self.too_old)} amended window(s) older than max_age, flagged only (see `sluice "
-                         f"status` and the ledger's detail): {_windows(self.too_old)}")
+            lines.append(f"{len(self.too_old)} window(s) with late data waiting older than max_age, flagged only "
+                         f"(see `sluice status` and the ledger's detail): {_windows(self.too_old)}")
         return lines
 
 
@@ -289,7 +293,8 @@ def run_corrections(
     spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef, *, deliver_alerts: bool
 ) -> CorrectionReport:
     """The corrections step of a cycle (under the pipeline lock, after the aggregation): finish a plan a
-    crash interrupted, or, under ``corrections: auto``, correct the oldest amended windows that are due."""
+    crash interrupted, or, under ``corrections: auto``, correct the oldest windows with late data waiting that are
+    due."""
     started = time.monotonic()
     report = CorrectionReport(pipeline.name, pipeline.corrections, pipeline.max_corrections_per_run)
     plan = load_plan(settings, pipeline)
@@ -314,7 +319,8 @@ def run_corrections(
 
 def new_plan(spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef
              ) -> CorrectionPlan | None:
-    """The windows to correct now: amended, not older than max_age, oldest first, at most N; None if none."""
+    """The windows to correct now: late data waiting, not older than max_age, oldest first, at most N; None if
+    none."""
     now = settings.now()
     due = [r for r in waiting(read_ledger(settings, pipeline.name)) if not too_old(pipeline, r.window, now)]
     chosen = due[: pipeline.max_corrections_per_run]
@@ -327,7 +333,7 @@ def new_plan(spark: SparkSession, settings: Settings, engine: DeltaEngine, pipel
                           window_totals(spark, settings, engine, pipeline, windows),
                           attempts={r.window: r.attempt + 1 for r in chosen})
     save_plan(settings, pipeline, plan)
-    log.info("%s: correcting %d amended window(s) with their late records (%d more due)", pipeline.name,
+    log.info("%s: correcting %d window(s) with their late records (%d more due)", pipeline.name,
              len(windows), len(due) - len(windows))
     return plan
 
@@ -357,12 +363,15 @@ def _carry_out(spark: SparkSession, settings: Settings, engine: DeltaEngine, pip
 
 def refresh_details(settings: Settings, engine: DeltaEngine, pipeline: PipelineDef, rows: Sequence[LedgerRow],
                     now: datetime) -> None:
-    """Amended windows whose ``detail`` no longer says what happens next (the window aged past max_age, or
-    the policy changed) get the current text; one commit, only when one differs."""
+    """Windows with late data waiting whose ``detail`` no longer says what happens next (the window aged past
+    max_age, or the policy changed) get the current text, after their data-quality findings; one commit, only
+    when one differs."""
     stale = []
     for row in rows:
-        if row.state == "amended" and row.late_waiting > 0:
-            text = waiting_detail(pipeline, row, now)
+        if row.state in SETTLED_STATES and row.late_waiting > 0:
+            findings, waiting_text = split_detail(row.detail)
+            reprocessed = waiting_text is not None and NOT_INCLUDED in waiting_text
+            text = join_detail(findings, waiting_detail(pipeline, row, now, reprocessed=reprocessed))
             if row.detail != text:
                 row.detail = text
                 row.updated_at = now

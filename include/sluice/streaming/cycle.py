@@ -1,5 +1,6 @@
 """One full cycle of a pipeline: ingest its streams, flag closed windows that late records landed for,
-aggregate (close new windows), correct amended windows (``corrections: auto``), and check new windows.
+aggregate (close new windows), correct windows with late data waiting (``corrections: auto``), and check
+new windows.
 
 Shared by ``sluice run`` and the DAG's ``run_cycle`` task (one Spark application per DAG run: the cycle
 checks the windows it closes) so that both behave identically.
@@ -47,7 +48,7 @@ class CycleResult:
     quality: QualityReport | None = None
     failed_windows: int = 0
     seconds: float = 0.0
-    # Closed windows that late records landed for, flagged ``amended`` by this cycle's scan.
+    # Closed windows that late records landed for (``late_waiting``), found by this cycle's scan.
     amended: list[Window] = field(default_factory=list)
     corrections: CorrectionReport | None = None
 
@@ -81,7 +82,7 @@ class CycleResult:
             shown = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in self.amended[:6]) + (
                 " ..." if len(self.amended) > 6 else "")
             policy = self.corrections.policy if self.corrections is not None else "manual"
-            parts.append(f"late records landed for {len(self.amended)} closed window(s), now amended ({shown}); "
+            parts.append(f"late records landed for {len(self.amended)} closed window(s), late data waiting ({shown}); "
                          f"corrections: {policy}")
         if self.corrections is not None:
             parts.extend(self.corrections.render())
