@@ -49,6 +49,7 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.config import ConfigError, Settings, parse_time
+from sluice.core.files import write_atomic
 from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
@@ -438,11 +439,7 @@ def load_backfill_plan(settings: Settings, pipeline: PipelineDef) -> BackfillPla
 
 
 def save_backfill_plan(settings: Settings, pipeline: PipelineDef, plan: BackfillPlan) -> None:
-    path = backfill_plan_path(settings, pipeline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(plan.to_json())
-    tmp.replace(path)  # atomic: a crash leaves the old plan or the new one
+    write_atomic(backfill_plan_path(settings, pipeline), plan.to_json())
 
 
 def new_backfill_plan(settings: Settings, engine: DeltaEngine, request: BackfillRequest) -> BackfillPlan:

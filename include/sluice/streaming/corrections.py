@@ -55,6 +55,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from sluice.config import Settings
+from sluice.core.files import write_atomic
 from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import format_duration
@@ -140,11 +141,7 @@ def save_scan_mark(settings: Settings, pipeline: PipelineDef, mark: int) -> None
     """Remember that a scan up to ``mark`` found nothing to amend. Not a ledger commit: a cycle with no new
     input would otherwise write a ledger version with the same rows (and this is only a shortcut: the count
     is exact either way, so losing the file to a crash costs one more count, never a record)."""
-    path = scan_mark_path(settings, pipeline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"dlq_mark": mark}))
-    tmp.replace(path)  # atomic: the old mark or the new one
+    write_atomic(scan_mark_path(settings, pipeline), json.dumps({"dlq_mark": mark}))
 
 
 def amend(pipeline: PipelineDef, rows: Sequence[LedgerRow], counts: Mapping[Window, int], now: datetime
@@ -277,11 +274,7 @@ def load_plan(settings: Settings, pipeline: PipelineDef) -> CorrectionPlan | Non
 
 
 def save_plan(settings: Settings, pipeline: PipelineDef, plan: CorrectionPlan) -> None:
-    path = plan_path(settings, pipeline)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(plan.to_json())
-    tmp.replace(path)  # atomic: a crash leaves the old plan or the new one
+    write_atomic(plan_path(settings, pipeline), plan.to_json())
 
 
 def waiting(rows: Sequence[LedgerRow]) -> list[LedgerRow]:

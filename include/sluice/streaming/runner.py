@@ -55,6 +55,7 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructField, StructType
 
 from sluice.config import Settings
+from sluice.core.files import write_atomic
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
 from sluice.core.spark import collected_utc
 from sluice.core.windows import WindowSpec
@@ -407,7 +408,7 @@ class PipelineRunner:
                 known.update(missing)
 
     def _mark_closed_through(self, boundary: datetime) -> None:
-        _write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+        write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
 
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
@@ -480,11 +481,11 @@ class PipelineRunner:
                 return None
             catchup = planned
             marker.parent.mkdir(parents=True, exist_ok=True)
-            _write_atomic(marker, catchup.to_json())
+            write_atomic(marker, catchup.to_json())
         if not catchup.done:
             self._run_catch_up(catchup)
             catchup = CatchUp(catchup.boundary, catchup.watermark, catchup.version, done=True)
-            _write_atomic(marker, catchup.to_json())
+            write_atomic(marker, catchup.to_json())
         return catchup
 
     def _plan_catch_up(self) -> CatchUp | None:
@@ -700,9 +701,3 @@ class _Turnstile:
             self._finished[index] = True
             self._cond.notify_all()
 
-
-def _write_atomic(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
