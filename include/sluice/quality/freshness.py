@@ -77,6 +77,9 @@ def first_window_holding(pipeline: PipelineDef, moment: datetime) -> Window:
     """The earliest window whose end is after ``moment``: the first one holding it (or, for windows with
     gaps between them, the first one after it)."""
     size, slide = pipeline.window.size, pipeline.window.slide
+    # A record no window can hold (bronze written by another tool may hold year 1): the first window
+    # that can exist is the earliest one freshness can judge.
+    moment = max(moment, datetime.min.replace(tzinfo=UTC) + size + slide)
     start = first_window_start_at_or_after(moment - size + _TICK, slide)
     return start, start + size
 

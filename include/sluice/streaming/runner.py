@@ -80,17 +80,6 @@ class AggregateResult:
         return sorted({w for ws in self.closed.values() for w in ws})
 
 
-def batch_watermark(checkpoint: Path, batch_id: int) -> datetime | None:
-    """The global watermark Spark used for ``batch_id``, from the query's offset log."""
-    offsets = checkpoint / "offsets" / str(batch_id)
-    try:
-        lines = offsets.read_text().splitlines()
-        millis = json.loads(lines[1]).get("batchWatermarkMs", 0)
-    except (OSError, IndexError, ValueError):
-        return None
-    return datetime.fromtimestamp(millis / 1000, UTC) if millis else None
-
-
 def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
     """The pipeline's event-time watermark: the minimum of its streams' stored watermarks (None until
     every stream has one)."""
@@ -603,7 +592,10 @@ class PipelineRunner:
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
             meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
-            self._commit_windows(output, rows, meta, batch_watermark(checkpoint, batch_id),
+            # The watermark that closed these windows is the pipeline's W (the sink filter above), not
+            # Spark's own, which runs 1 ms behind it (spark_delay) and is per query.
+            watermark = None if self._boundary is None else self._boundary + self.pipeline.lateness_bound
+            self._commit_windows(output, rows, meta, watermark,
                                  f"sluice.gold.{output.name}", batch_id, ledger_app=f"sluice.ledger.{output.name}",
                                  turn=(index, batch_id))
         finally:
