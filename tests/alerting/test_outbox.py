@@ -128,3 +128,30 @@ def test_recording_an_alert_does_not_load_airflow(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_a_run_says_what_became_of_the_alerts_it_recorded(
+    settings: Settings, webhook: WebhookServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 section 5: alerts recorded with no channel configured are said in one line, not lost in a log."""
+    from sluice.alerting.outbox import alerts_recorded_since, outbox_snapshot
+
+    before = outbox_snapshot(settings, "orders_hourly")
+    for attempt in range(1, 8):
+        raise_alert(settings, failure(attempt), deliver=True)
+    tally = alerts_recorded_since(settings, "orders_hourly", before)
+    assert (tally.sent, tally.unrouted, tally.pending) == (0, 7, 0)
+    assert tally.render() == ["7 alerts recorded, no channel configured (sluice_webhook, sluice_smtp); "
+                              "`sluice alerts --all` lists them"]
+
+    # The next run: alerts recorded before it are not counted again; one pending, one sent.
+    before = outbox_snapshot(settings, "orders_hourly")
+    raise_alert(settings, failure(8), deliver=False)
+    use_webhook(monkeypatch, webhook)
+    raise_alert(settings, failure(kind=CORRECTION), deliver=False)
+    deliver_pending(settings, "orders_hourly")
+    raise_alert(settings, failure(9), deliver=False)
+    tally = alerts_recorded_since(settings, "orders_hourly", before)
+    assert (tally.sent, tally.unrouted, tally.pending) == (2, 0, 1)
+    assert tally.render() == ["2 alerts recorded and sent",
+                              "1 alert recorded, not delivered yet; `sluice alerts --deliver` sends them"]

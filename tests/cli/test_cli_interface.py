@@ -389,3 +389,87 @@ def test_deliver_that_fails_on_a_channel_exits_1(alerts_home: Path, webhook: Web
     ]
     assert "ALERT NOT DELIVERED" in result.stderr  # logs, Airflow's included, stay on stderr
     assert "2024" not in result.stdout.splitlines()[0] and "notification" not in result.stdout
+
+
+# -- sluice alerts --all: the history, with what became of each alert (issue 29 section 5) ---------------------
+
+
+@pytest.fixture
+def history_home(alerts_home: Path) -> Path:
+    """alerts_home, plus an alert recorded, later, while no channel was configured (``none``)."""
+    unrouted = {**_alert_row("ad_clicks_hourly", 5, "none"), "raised_at": _hour(9)}
+    table = DeltaTable(str(alerts_home / "lake" / "ops" / "alerts")).to_pyarrow_table().to_pylist()
+    rows = [*table, unrouted]
+    write_deltalake(str(alerts_home / "lake" / "ops" / "alerts"), pa.Table.from_pylist(rows, schema=ALERTS_SCHEMA),
+                    mode="overwrite")
+    return alerts_home
+
+
+def test_alerts_all_lists_every_alert_with_what_became_of_it(history_home: Path) -> None:
+    result = sluice("alerts", "--all", home=history_home)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "5 alert(s): 1 sent, 1 with no channel configured (none), 3 pending"
+    assert lines[1].split() == ["raised", "pipeline", "kind", "status", "message"]
+    statuses = [(line.split()[2], line.split()[4]) for line in lines[2:]]
+    # Oldest first (raised at 07:00, then 09:00); the recorded-twice alert is one line.
+    assert statuses == [("ad_clicks_hourly", "sent"), ("ad_clicks_hourly", "pending"),
+                        ("ad_clicks_hourly", "pending"), ("user_activity_hourly", "pending"),
+                        ("ad_clicks_hourly", "none")]
+    assert "sent (webhook)" in lines[2]
+
+
+@pytest.mark.parametrize(
+    ("filters", "expected"),
+    [
+        (["--status", "none"], [("ad_clicks_hourly", "none")]),
+        (["--status", "pending", "ad_clicks_hourly"], [("ad_clicks_hourly", "pending")] * 2),
+        (["--status", "sent", "--status", "none"], [("ad_clicks_hourly", "sent"), ("ad_clicks_hourly", "none")]),
+        (["--since", "2024-05-01T08:00:00Z"], [("ad_clicks_hourly", "none")]),
+        (["--kind", "stale"], []),
+        (["--kind", "dq_failure", "--since", "2024-05-01T10:00:00+02:00"], [("ad_clicks_hourly", "none")]),
+    ],
+)
+def test_alerts_all_filters_by_status_kind_time_and_pipeline(
+    history_home: Path, filters: list[str], expected: list[tuple[str, str]]
+) -> None:
+    result = sluice("alerts", "--all", "--json", *filters, home=history_home)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert [(a["pipeline"], a["status"]) for a in doc["alerts"]] == expected
+    text = sluice("alerts", "--all", *filters, home=history_home).stdout
+    assert text.startswith(f"{len(expected)} alert(s)") if expected else text.strip().endswith("match the filters")
+
+
+def test_alerts_all_json_carries_channels_and_delivery(history_home: Path) -> None:
+    doc = json.loads(sluice("alerts", "--all", "--json", "--status", "sent", home=history_home).stdout)
+    [sent] = doc["alerts"]
+    assert sent["status"] == "sent" and sent["channels"] == ["webhook"] and sent["kind"] == "dq_failure"
+    assert list(sent)[:10] == ["pipeline", "window_start", "window_end", "kind", "level", "alert_id", "raised_at",
+                               "message", "failed", "docs_url"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragment"),
+    [
+        (["alerts", "--status", "none"], "add --all"),
+        (["alerts", "--all", "--deliver"], "run them one at a time"),
+        (["alerts", "--all", "--since", "2024-05-01T08:00"], "--since"),
+        (["alerts", "--all", "--kind", "nonsense"], "invalid choice: 'nonsense'"),
+        (["retry", "ad_clicks_hourly", "--check-only", "--include-late"], "cannot bring in late data"),
+    ],
+)
+def test_alerts_and_retry_option_mistakes_are_usage_errors(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, argv: list[str], fragment: str
+) -> None:
+    code, _, err = run_main(capsys, "--home", str(tmp_path), *argv)
+    assert code == 64 and fragment in err
+
+
+def test_retry_with_no_failed_windows_says_so_without_starting_spark(tmp_path: Path) -> None:
+    result = sluice("retry", "ad_clicks_hourly", "--json", home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["outcome"] == "passed" and doc["windows"] == [] and doc["backfills"] == []
+    text = sluice("retry", "ad_clicks_hourly", home=tmp_path).stdout.strip()
+    assert text == "sluice retry ad_clicks_hourly: no failed windows; nothing to retry"

@@ -378,6 +378,56 @@ def test_late_data_waiting_keeps_a_failed_window_failed_until_a_backfill_with_it
     assert lateness == {(at("10:00"), "0")}
 
 
+@pytest.mark.spark
+@pytest.mark.timeout(1200)
+def test_retry_re_checks_then_recomputes_exactly_the_failed_windows(
+    spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 29 section 5: ``sluice retry`` finds the failed windows itself (like ``dbt retry``): ``--check-only``
+    re-validates them as they stand (a new round, alerted again); ``--include-late`` recomputes them with their
+    DLQ records in one backfill per run of consecutive windows, and leaves the windows that passed alone. A run
+    that records alerts with no channel configured says so in one line."""
+    settings = make_settings(tmp_path, SLUICE_LATENESS_THRESHOLD="0.01")
+    for name in ("AIRFLOW_CONN_SLUICE_WEBHOOK", "AIRFLOW_CONN_SLUICE_SMTP"):
+        monkeypatch.delenv(name, raising=False)
+    for file in [*ON_TIME, LATE_BEFORE_CLOSE]:
+        land_file(settings, file)
+    first = run_cycle(replace(settings, now_override=at("10:35")), PIPELINE, spark=spark, deliver_alerts=True)
+    failing = [win("10:00"), win("10:05"), win("10:10")]
+    assert first.quality is not None and sorted(first.quality.failed) == failing
+    assert "3 alerts recorded, no channel configured (sluice_webhook, sluice_smtp)" in first.render()
+    assert (first.alerts.unrouted, first.alerts.sent, first.alerts.pending) == (3, 0, 0)
+
+    def retry(*args: str) -> dict[str, Any]:
+        capsys.readouterr()
+        code = main(["--home", str(settings.home), "--pipelines", str(settings.pipelines_path), "retry", PIPELINE,
+                     "--now", "2024-05-01T10:40:00Z", "--no-deliver", *args, "--json"])
+        doc = dict(json.loads(capsys.readouterr().out))
+        assert code == doc["exit_code"]
+        return doc
+
+    monkeypatch.setenv("SLUICE_LATENESS_THRESHOLD", "0.01")
+    checked = retry("--check-only")
+    assert (checked["exit_code"], checked["action"], checked["backfills"]) == (2, "check", [])
+    assert [w["window_start"] for w in checked["windows"]] == ["2024-05-01T10:00:00Z", "2024-05-01T10:05:00Z",
+                                                               "2024-05-01T10:10:00Z"]
+    assert checked["alerts"] == {"sent": 0, "no_channel": 0, "pending": 3}  # round 2 of each, alerted again
+    assert {w: (r.state, r.attempt) for w, r in ledger(settings).items() if w in failing} == dict.fromkeys(
+        failing, ("failed", 2))
+    gold_before = gold(settings)
+
+    healed = retry("--include-late")
+    assert (healed["exit_code"], healed["outcome"], healed["action"]) == (0, "passed", "recompute")
+    assert healed["backfills"] == [{"start": "2024-05-01T10:00:00Z", "end": "2024-05-01T10:15:00Z"}]
+    rows = ledger(settings)
+    assert {w: rows[w].state for w in failing} == dict.fromkeys(failing, "reprocessed")
+    assert {w: rows[w].state for w in FIRST_CLOSED} == dict.fromkeys(FIRST_CLOSED, "validated")  # not rewritten
+    after = gold(settings)
+    assert {w: after[w] for w in FIRST_CLOSED} == {w: gold_before[w] for w in FIRST_CLOSED}
+    assert int(after[win("10:10")]["d2"]["readings"]) == int(gold_before[win("10:10")]["d2"]["readings"]) + 1
+    assert retry()["windows"] == []  # nothing failed any more
+
+
 # ------------------------------------------------------------------------------------------------ no-op
 def lake_versions(settings: Settings) -> dict[str, int]:
     """The Delta version of every table under lake/ (ops/* included)."""

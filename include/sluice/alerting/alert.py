@@ -38,6 +38,7 @@ UNREADABLE_FILE = "unreadable_file"
 CORRECTION = "correction"
 STALE = "stale"
 TASK_FAILURE = "task_failure"
+KINDS = (DQ_FAILURE, UNREADABLE_FILE, CORRECTION, STALE, TASK_FAILURE)
 #: The level of each kind: only notices are informational.
 LEVELS = {DQ_FAILURE: "error", UNREADABLE_FILE: "error", CORRECTION: "info", STALE: "error", TASK_FAILURE: "error"}
 

@@ -189,6 +189,56 @@ def deliver_pending(settings: Settings, pipeline: str, engine: DeltaEngine | Non
     return report
 
 
+def outbox_snapshot(settings: Settings, pipeline: str) -> dict[str, str]:
+    """``{alert_id: channels}`` of the pipeline's outbox now: a run compares it with the outbox after it
+    (:func:`alerts_recorded_since`) to say what became of the alerts it recorded."""
+    return {row_id(r): r["channels"] for r in read_outbox(settings, pipeline)}
+
+
+@dataclass(frozen=True)
+class AlertTally:
+    """The alerts one run recorded, by what became of them."""
+
+    sent: int = 0  # delivered through at least one channel
+    unrouted: int = 0  # no channel configured: marked ``none``
+    pending: int = 0  # not delivered yet (--no-deliver, or every channel failed)
+
+    def render(self) -> list[str]:
+        """One line per outcome, e.g. "7 alerts recorded, no channel configured (sluice_webhook, sluice_smtp)"."""
+        from sluice.alerting.notifiers import SMTP_CONN_ID, WEBHOOK_CONN_ID
+
+        lines = []
+        if self.sent:
+            lines.append(f"{_alerts(self.sent)} recorded and sent")
+        if self.unrouted:
+            lines.append(f"{_alerts(self.unrouted)} recorded, no channel configured ({WEBHOOK_CONN_ID}, "
+                         f"{SMTP_CONN_ID}); `sluice alerts --all` lists them")
+        if self.pending:
+            lines.append(f"{_alerts(self.pending)} recorded, not delivered yet; `sluice alerts --deliver` "
+                         "sends them")
+        return lines
+
+
+def _alerts(n: int) -> str:
+    return f"{n} alert{'s' if n != 1 else ''}"
+
+
+def alerts_recorded_since(settings: Settings, pipeline: str, before: Mapping[str, str]) -> AlertTally:
+    """What became of the alerts recorded since ``before`` (an :func:`outbox_snapshot`), and of those that
+    were pending then and were handled since."""
+    sent = unrouted = pending = 0
+    for alert_id, channels in outbox_snapshot(settings, pipeline).items():
+        if before.get(alert_id) == channels:
+            continue
+        if channels == PENDING:
+            pending += 1
+        elif channels == NO_CHANNEL:
+            unrouted += 1
+        else:
+            sent += 1
+    return AlertTally(sent=sent, unrouted=unrouted, pending=pending)
+
+
 def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
     """One alert naming the landing files of the pipeline's streams that were quarantined whole
     (``unreadable_file``) and that no alert of this pipeline has named yet; None when there are none.

@@ -1,5 +1,7 @@
 """``sluice alerts``: the alerts recorded in the ops/alerts outbox but not delivered yet (a run with
 ``--no-deliver``, or the DAGs, whose ``send_alerts`` task delivers them), and ``--deliver`` to send them now.
+``--all`` is the whole history, each alert with what became of it: sent (and through which channels),
+``none`` (no channel was configured when it was delivered) or pending.
 
 Reading is pure delta-rs (no Spark); delivery is :func:`sluice.alerting.outbox.deliver_pending`, the
 function the DAG's task calls, so both mark the same rows delivered."""
@@ -7,10 +9,11 @@ function the DAG's task calls, so both mark the same rows delivered."""
 from __future__ import annotations
 
 import json
-from datetime import datetime
+from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
-from sluice.alerting.outbox import PENDING, deliver_pending, read_outbox, row_id
+from sluice.alerting.outbox import NO_CHANNEL, PENDING, deliver_pending, read_outbox, row_id
 from sluice.cli.output import rfc3339, window
 from sluice.cli.report import fmt_ts
 from sluice.config import ConfigError, Settings
@@ -32,6 +35,72 @@ def _alert(row: dict[str, Any]) -> dict[str, Any]:
         "failed": failed,
         "docs_url": row.get("docs_url"),
     }
+
+
+def _history_entry(row: dict[str, Any]) -> dict[str, Any]:
+    """An alert of the history: its pending shape, with what became of it."""
+    return {
+        **_alert(row),
+        "status": status(row["channels"]),
+        "channels": [] if row["channels"] in (PENDING, NO_CHANNEL) else row["channels"].split(","),
+        "delivered_at": rfc3339(row.get("delivered_at")),
+    }
+
+
+SENT = "sent"
+STATUSES = (SENT, NO_CHANNEL, PENDING)
+
+
+def status(channels: str) -> str:
+    """``pending``, ``none`` (recorded while no channel was configured) or ``sent``."""
+    return channels if channels in (PENDING, NO_CHANNEL) else SENT
+
+
+def alert_history(
+    settings: Settings,
+    pipeline: str | None = None,
+    *,
+    kinds: Sequence[str] = (),
+    statuses: Sequence[str] = (),
+    since: datetime | None = None,
+) -> list[dict[str, Any]]:
+    """Every alert recorded, oldest first, one per alert_id, filtered by kind, status and raised time."""
+    seen: set[str] = set()
+    out = []
+    for row in read_outbox(settings, pipeline):
+        alert = _history_entry(row)
+        if alert["alert_id"] in seen:
+            continue
+        seen.add(alert["alert_id"])
+        raised = row["raised_at"]
+        if since is not None and raised is not None and _aware(raised) < since:
+            continue
+        if (kinds and alert["kind"] not in kinds) or (statuses and alert["status"] not in statuses):
+            continue
+        out.append(alert)
+    return out
+
+
+def _aware(value: datetime) -> datetime:
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)  # Arrow hands back naive UTC
+
+
+def render_history(alerts: list[dict[str, Any]], pipeline: str | None, filtered: bool) -> str:
+    scope = f" of {pipeline}" if pipeline else ""
+    if not alerts:
+        return f"no alerts{scope}" + (" match the filters" if filtered else " recorded")
+    counts = {s: sum(1 for a in alerts if a["status"] == s) for s in STATUSES}
+    head = (f"{len(alerts)} alert(s){scope}: {counts[SENT]} sent, {counts[NO_CHANNEL]} with no channel "
+            f"configured (none), {counts[PENDING]} pending")
+    rows = [("raised", "pipeline", "kind", "status", "message")]
+    rows += [(_short(a["raised_at"]), a["pipeline"], a["kind"], _status_text(a), a["message"]) for a in alerts]
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(r[:4], widths, strict=True)) + "  " + r[4] for r in rows]
+    return "\n".join([head, *lines])
+
+
+def _status_text(alert: dict[str, Any]) -> str:
+    return f"sent ({','.join(alert['channels'])})" if alert["status"] == SENT else alert["status"]
 
 
 def pending_alerts(settings: Settings, pipeline: str | None = None) -> list[dict[str, Any]]:

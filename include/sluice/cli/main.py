@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sluice.alerting.alert import KINDS
 from sluice.config import ConfigError, Settings, check_folder, load_settings
 from sluice.core import logsetup
 
@@ -43,9 +44,11 @@ examples:
   sluice run orders_hourly                    one full cycle: ingest, aggregate, check
   sluice run orders_hourly --now 2024-05-01T07:00:00Z
   sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
+  sluice retry orders_hourly                     recompute and re-check the failed windows
   sluice status                                  watermarks, windows, row counts
   sluice status --json | jq '.streams'           the same, for scripts
   sluice alerts --deliver                        send the alerts a run recorded but did not send
+  sluice alerts --all                            every alert recorded: sent, none or pending
 
 environment:
   SLUICE_HOME       where data lives: landing/ and lake/ (default: .sluice in the current directory)
@@ -59,7 +62,7 @@ exit codes:
   64  wrong usage: unknown command or option, missing or invalid argument
 
 `sluice <command> --help` shows a command's options. Add --json to status, run, backfill,
-check, pipelines or alerts for one JSON document on stdout (logs stay on stderr)."""
+retry, check, pipelines or alerts for one JSON document on stdout (logs stay on stderr)."""
 
 
 def package_version() -> str:
@@ -157,17 +160,22 @@ def cmd_run(args: argparse.Namespace) -> Output:
 
 
 def cmd_check(args: argparse.Namespace) -> Output:
+    from sluice.alerting.outbox import alerts_recorded_since, outbox_snapshot
     from sluice.cli.output import check_data
     from sluice.streaming.cycle import run_quality
 
-    report = run_quality(_settings(args, writes=True), args.pipeline, deliver_alerts=not args.no_deliver)
+    settings = _settings(args, writes=True)
+    outbox = outbox_snapshot(settings, settings.pipeline(args.pipeline).name)
+    report = run_quality(settings, args.pipeline, deliver_alerts=not args.no_deliver)
+    alerts = alerts_recorded_since(settings, args.pipeline, outbox)
     lines = [f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
              f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}"]
     for (start, _end), failures in sorted(report.failed.items()):
         lines.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+    lines += alerts.render()
     # Failing windows are recorded and alerted; only --strict turns them into a failing exit code.
     code = EXIT_DQ_FAILED if report.failed and args.strict else EXIT_OK
-    return Output(code, "\n".join(lines), check_data(args.pipeline, report, code))
+    return Output(code, "\n".join(lines), check_data(args.pipeline, report, code, alerts))
 
 
 def cmd_ingest(args: argparse.Namespace) -> int:
@@ -219,6 +227,17 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
     return Output(code, result.render(), backfill_data(result, code))
 
 
+def cmd_retry(args: argparse.Namespace) -> Output:
+    from sluice.cli.output import retry_data
+    from sluice.streaming.retry import run_retry
+
+    settings = _settings(args, writes=True)
+    settings.pipeline(args.pipeline)  # an unknown name says which ones exist
+    result = run_retry(settings, args.pipeline, check_only=args.check_only, include_late=args.include_late,
+                       deliver_alerts=not args.no_deliver)
+    return Output(result.exit_code, result.render(), retry_data(result))
+
+
 def cmd_status(args: argparse.Namespace) -> Output:
     from sluice.cli.status import home_warnings, render_status, render_window, status_data, window_data
 
@@ -255,11 +274,24 @@ def cmd_pipelines(args: argparse.Namespace) -> Output:
 
 
 def cmd_alerts(args: argparse.Namespace) -> Output:
-    from sluice.cli.alerts import deliver, pending_alerts, render_alerts, render_delivered
+    from sluice.cli.alerts import (
+        alert_history,
+        deliver,
+        pending_alerts,
+        render_alerts,
+        render_delivered,
+        render_history,
+    )
 
     settings = _settings(args, writes=bool(args.deliver))
     if args.pipeline is not None:
         settings.pipeline(args.pipeline)  # an unknown name says which ones exist
+    if args.all:
+        filters = bool(args.kind or args.status or args.since)
+        history = alert_history(settings, args.pipeline, kinds=args.kind or (), statuses=args.status or (),
+                                since=args.since)
+        return Output(EXIT_OK, render_history(history, args.pipeline, filters),
+                      {"pipeline": args.pipeline, "alerts": history})
     code = EXIT_OK
     sent: list[dict[str, Any]] = []
     text = []
@@ -464,6 +496,25 @@ def build_parser() -> argparse.ArgumentParser:
     _json_option(backfill)
     backfill.set_defaults(func=cmd_backfill)
 
+    retry = _command(
+        sub, "retry", "recompute and re-check the failed windows (like dbt retry)",
+        "The windows whose checks failed (the ledger's failed state), again: recomputed from bronze and\n"
+        "checked, as the backfills of each run of consecutive failed windows, without working out --start\n"
+        "and --end by hand. --include-late brings their late (DLQ) records in; --check-only re-checks them\n"
+        "as they stand (after a fix upstream of gold or to a threshold) without rewriting gold.",
+        "  sluice retry orders_hourly\n  sluice retry orders_hourly --include-late\n"
+        "  sluice retry orders_hourly --check-only",
+        CYCLE_EXIT_CODES,
+    )
+    retry.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
+    retry.add_argument("--include-late", action="store_true", help="also bring in the windows' late (DLQ) records")
+    retry.add_argument("--check-only", action="store_true", help="re-check the failed windows without recomputing")
+    _now_option(retry)
+    retry.add_argument("--no-deliver", action="store_true",
+                       help="record alerts but do not send them (`sluice alerts --deliver` sends them)")
+    _json_option(retry)
+    retry.set_defaults(func=cmd_retry)
+
     status = _command(
         sub, "status", "watermarks, windows, row counts (no Spark, about a second)",
         "Where every line went per stream, the watermarks and last arrivals, the windows of each pipeline\n"
@@ -492,16 +543,27 @@ def build_parser() -> argparse.ArgumentParser:
     pipelines.set_defaults(func=cmd_pipelines)
 
     alerts = _command(
-        sub, "alerts", "list alerts recorded but not sent yet; --deliver sends them",
+        sub, "alerts", "list alerts recorded but not sent yet (--all: the history); --deliver sends them",
         "The alerts in ops/alerts that were recorded but not delivered yet (a run with --no-deliver, or a\n"
         "DAG run before its send_alerts task). --deliver sends them through the Airflow connections\n"
-        "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.",
-        "  sluice alerts\n  sluice alerts orders_hourly --deliver",
+        "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.\n"
+        "--all lists every alert recorded, with what became of it: sent (and through which channels),\n"
+        "none (no channel was configured) or pending; --kind, --status and --since filter it.",
+        "  sluice alerts\n  sluice alerts orders_hourly --deliver\n"
+        "  sluice alerts --all --status none --since 2024-05-01T00:00Z",
         "  0   listed (or all delivered)\n  1   the command failed, or an alert failed on a channel\n"
         "  64  wrong usage",
     )
     alerts.add_argument("pipeline", nargs="?", help="only this pipeline's alerts (default: every pipeline)")
     alerts.add_argument("--deliver", action="store_true", help="send the pending alerts now")
+    alerts.add_argument("--all", action="store_true",
+                        help="the whole history: sent, none (no channel configured) and pending")
+    alerts.add_argument("--kind", action="append", choices=KINDS,
+                        help="with --all: only alerts of this kind (repeatable)")
+    alerts.add_argument("--status", action="append", choices=("sent", "none", "pending"),
+                        help="with --all: only alerts with this status (repeatable)")
+    alerts.add_argument("--since", metavar="TS", type=_timestamp("--since"),
+                        help="with --all: only alerts raised at or after TS (with a timezone)")
     _json_option(alerts)
     alerts.set_defaults(func=cmd_alerts)
 
@@ -586,11 +648,26 @@ def _fail(exc: BaseException, *, expected: bool, debug: bool, as_json: bool) -> 
     return EXIT_FAILED
 
 
+def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Options that do not go together are usage errors (exit 64), like argparse's own."""
+    if args.func is cmd_alerts:
+        if (args.kind or args.status or args.since) and not args.all:
+            parser.error("alerts: --kind, --status and --since filter the history: add --all, e.g. "
+                         "`sluice alerts --all --status none`")
+        if args.all and args.deliver:
+            parser.error("alerts: --all lists the history and --deliver sends the pending alerts; run them one "
+                         "at a time")
+    if args.func is cmd_retry and args.check_only and args.include_late:
+        parser.error("retry: --check-only re-checks gold as it stands, so it cannot bring in late data; drop "
+                     "--check-only to recompute with --include-late")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from sluice.core.locks import LockTimeout
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _check_combinations(parser, args)
     setup_logging(args.verbose)
     as_json = bool(getattr(args, "json", False))
     try:

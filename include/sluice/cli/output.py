@@ -19,10 +19,12 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from sluice.alerting.outbox import AlertTally
     from sluice.config import Settings
     from sluice.quality.checker import QualityReport
     from sluice.streaming.backfill import BackfillResult
     from sluice.streaming.cycle import CycleResult
+    from sluice.streaming.retry import RetryResult
 
 PASSED = "passed"
 CHECKS_FAILED = "checks_failed"
@@ -119,7 +121,29 @@ def cycle_data(result: CycleResult, exit_code: int) -> dict[str, Any]:
         "windows_amended": [window(s, e) for s, e in result.amended],
         "windows_corrected": [window(s, e) for s, e in result.corrected],
         "quality": quality_data(result.quality),
+        "alerts": alerts_data(result.alerts),
     }
+
+
+def retry_data(result: RetryResult) -> dict[str, Any]:
+    """``sluice retry --json``."""
+    return {
+        "pipeline": result.pipeline,
+        "outcome": _outcome(result.quality),
+        "exit_code": result.exit_code,
+        "action": "check" if result.check_only else "recompute",
+        "include_late": result.include_late,
+        "seconds": round(result.seconds, 3),
+        "windows": [window(s, e) for s, e in result.windows],
+        "backfills": [{"start": rfc3339(s), "end": rfc3339(e)} for s, e in result.ranges],
+        "quality": quality_data(result.quality),
+        "alerts": alerts_data(result.alerts),
+    }
+
+
+def alerts_data(tally: AlertTally) -> dict[str, int]:
+    """What became of the alerts a run recorded: sent, ``no_channel`` (none configured) or pending."""
+    return {"sent": tally.sent, "no_channel": tally.unrouted, "pending": tally.pending}
 
 
 def backfill_data(result: BackfillResult, exit_code: int) -> dict[str, Any]:
@@ -138,11 +162,12 @@ def backfill_data(result: BackfillResult, exit_code: int) -> dict[str, Any]:
         "skipped_open": [window(s, e) for s, e in result.skipped_open],
         "gold_versions": {table: list(pair) for table, pair in sorted(result.gold_versions.items())},
         "late_waiting": [{**window(s, e), "late_waiting": n} for (s, e), n in sorted(result.late_waiting.items())],
+        "alerts": alerts_data(result.alerts),
         "quality": quality_data(result.quality),
     }
 
 
-def check_data(pipeline: str, report: QualityReport, exit_code: int) -> dict[str, Any]:
+def check_data(pipeline: str, report: QualityReport, exit_code: int, alerts: AlertTally) -> dict[str, Any]:
     """``sluice check --json``."""
     return {"pipeline": pipeline, "outcome": _outcome(report), "exit_code": exit_code,
-            "quality": quality_data(report)}
+            "quality": quality_data(report), "alerts": alerts_data(alerts)}

@@ -48,6 +48,7 @@ from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
 from sluice.config import ConfigError, Settings, parse_time
 from sluice.core.files import write_atomic
 from sluice.core.locks import pipeline_lock
@@ -129,6 +130,7 @@ class BackfillResult:
     gold_versions: dict[str, tuple[int, int]] = field(default_factory=dict)
     # Windows rewritten whose late records are still not in gold (without include_late), and how many.
     late_waiting: dict[Window, int] = field(default_factory=dict)
+    alerts: AlertTally = field(default_factory=AlertTally)
 
     @property
     def exit_code(self) -> int:
@@ -151,6 +153,7 @@ class BackfillResult:
         if self.quality is not None:
             lines.append(f"  data quality: {len(self.quality.checked) - len(self.quality.failed)} passed, "
                          f"{len(self.quality.failed)} failed")
+        lines += [f"  {line}" for line in self.alerts.render()]
         return "\n".join(lines)
 
 
@@ -493,6 +496,7 @@ def run_backfill(
         warm_up()  # while the JVM starts: the Python process only waits for it
         spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
         engine = engine_for(spark, settings)
+        outbox = outbox_snapshot(settings, pipeline)
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so
         # the backfill knows which of its windows have late records waiting and clears exactly those.
         scan_amendments(settings, engine, request.pipeline)
@@ -500,10 +504,14 @@ def run_backfill(
         if plan is not None and plan.stage != "done":
             if plan.matches(request):
                 log.info("backfill %s: resuming the run a crash interrupted", pipeline)
-                return run_planned(spark, settings, engine, request, plan, deliver_alerts)
+                result = run_planned(spark, settings, engine, request, plan, deliver_alerts)
+                result.alerts = alerts_recorded_since(settings, pipeline, outbox)
+                return result
             # Its gold may be rewritten already, the ledger not: finished first, it is never left half done.
             log.warning("backfill %s: first finishing the backfill of [%s, %s) a crash interrupted", pipeline,
                         plan.start.isoformat(), plan.end.isoformat())
             run_planned(spark, settings, engine, plan.request(request.pipeline), plan, deliver_alerts)
         plan = new_backfill_plan(settings, engine, request)
-        return run_planned(spark, settings, engine, request, plan, deliver_alerts)
+        result = run_planned(spark, settings, engine, request, plan, deliver_alerts)
+        result.alerts = alerts_recorded_since(settings, pipeline, outbox)
+        return result

@@ -22,7 +22,7 @@ from datetime import datetime
 
 from pyspark.sql import SparkSession
 
-from sluice.alerting.outbox import unreadable_files_alert
+from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot, unreadable_files_alert
 from sluice.cli.report import accounting_table
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
@@ -51,6 +51,7 @@ class CycleResult:
     # Closed windows that late records landed for (``late_waiting``), found by this cycle's scan.
     amended: list[Window] = field(default_factory=list)
     corrections: CorrectionReport | None = None
+    alerts: AlertTally = field(default_factory=AlertTally)
 
     @property
     def corrected(self) -> list[Window]:
@@ -92,6 +93,7 @@ class CycleResult:
                          + (f"; Data Docs: {q.docs_index}" if q.docs_index else ""))
             for (start, _end), failures in sorted(q.failed.items()):
                 parts.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+        parts += self.alerts.render()
         return "\n".join(parts)
 
 
@@ -112,6 +114,7 @@ def run_cycle(
     engine = engine_for(spark, settings)
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
+        outbox = outbox_snapshot(settings, pipeline)
         batches = run_ingest(spark, settings, engine, streams)
         # From the ingest log, not from this cycle's batches: a crash between a file's quarantine and its
         # alert is caught up here, and a rerun finds the alert's key already recorded.
@@ -133,8 +136,11 @@ def run_cycle(
             if check_quality
             else None
         )
+        alerts = alerts_recorded_since(settings, pipeline, outbox)
+    for line in alerts.render():
+        log.log(logging.WARNING if alerts.unrouted else logging.INFO, "cycle %s: %s", pipeline, line)
     result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started,
-                         amended=amended, corrections=corrections)
+                         amended=amended, corrections=corrections, alerts=alerts)
     if check_quality:
         # The corrections' own validations belong to this cycle's verdict (exit code 2, the JSON's quality).
         quality = merged_reports(quality, corrections.quality)

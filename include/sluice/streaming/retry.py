@@ -1,0 +1,123 @@
+"""``sluice retry <pipeline>``: the failed windows again, like ``dbt retry``, without working out ``--start``
+and ``--end`` by hand.
+
+The failed windows are the ledger's ``failed`` rows. By default they are recomputed from bronze (and, with
+``include_late``, the DLQ) and re-validated: each run of consecutive failed windows is one ordinary
+:func:`~sluice.streaming.backfill.run_backfill`, so a retry is exactly the backfills a user would have typed,
+with their plans, their crash recovery and their ``reprocessed`` state. Runs are grouped only when their
+windows follow each other on the slide grid, so no window that passed is rewritten.
+
+``check_only`` re-validates the failed windows as they stand (after a fix to a threshold, or to the data
+upstream of gold), without rewriting gold: a new validation round of each, alerted again if it still fails.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from pyspark.sql import SparkSession
+
+from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
+from sluice.config import Settings
+from sluice.core.locks import pipeline_lock
+from sluice.core.model import PipelineDef
+from sluice.core.spark import get_spark
+from sluice.quality.checker import QualityChecker, QualityReport
+from sluice.storage.engine import engine_for
+from sluice.storage.ledger import read_ledger
+from sluice.streaming.backfill import run_backfill
+from sluice.streaming.cycle import merged_reports
+
+log = logging.getLogger("sluice.retry")
+
+Window = tuple[datetime, datetime]
+
+
+def failed_windows(settings: Settings, pipeline: str) -> list[Window]:
+    """The pipeline's windows whose last validation failed, oldest first."""
+    return sorted((r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "failed")
+
+
+def backfill_ranges(pipeline: PipelineDef, windows: list[Window]) -> list[tuple[datetime, datetime]]:
+    """``[start, end)`` backfill ranges (windows *starting* in them) covering exactly ``windows``: one per
+    run of windows that follow each other on the slide grid."""
+    slide = pipeline.window.slide
+    ranges: list[tuple[datetime, datetime]] = []
+    for start, _end in sorted(windows):
+        if ranges and ranges[-1][1] == start:
+            ranges[-1] = (ranges[-1][0], start + slide)
+        else:
+            ranges.append((start, start + slide))
+    return ranges
+
+
+@dataclass
+class RetryResult:
+    pipeline: str
+    check_only: bool
+    include_late: bool
+    windows: list[Window] = field(default_factory=list)
+    ranges: list[tuple[datetime, datetime]] = field(default_factory=list)
+    quality: QualityReport | None = None
+    alerts: AlertTally = field(default_factory=AlertTally)
+    seconds: float = 0.0
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.quality is not None and self.quality.failed else 0
+
+    def render(self) -> str:
+        if not self.windows:
+            return f"sluice retry {self.pipeline}: no failed windows; nothing to retry"
+        how = ("re-validated as they stand" if self.check_only else
+               f"recomputed from bronze{' with their late data' if self.include_late else ''} in "
+               f"{len(self.ranges)} backfill(s) and re-validated")
+        lines = [f"sluice retry {self.pipeline}: {len(self.windows)} failed window(s) {how} in {self.seconds:.1f}s"]
+        if not self.check_only:
+            lines += [f"  backfill [{s:%Y-%m-%d %H:%M}, {e:%Y-%m-%d %H:%M})" for s, e in self.ranges]
+        q = self.quality
+        if q is not None:
+            lines.append(f"  data quality: {len(q.checked) - len(q.failed)} passed, {len(q.failed)} still failing")
+            for (start, _end), failures in sorted(q.failed.items()):
+                lines.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+        lines += [f"  {line}" for line in self.alerts.render()]
+        return "\n".join(lines)
+
+
+def run_retry(
+    settings: Settings,
+    pipeline: str,
+    spark: SparkSession | None = None,
+    *,
+    check_only: bool = False,
+    include_late: bool = False,
+    deliver_alerts: bool = True,
+) -> RetryResult:
+    definition = settings.pipeline(pipeline)  # an unknown name fails before any JVM starts
+    started = time.monotonic()
+    windows = failed_windows(settings, pipeline)
+    result = RetryResult(pipeline, check_only, include_late, windows)
+    if not windows:
+        log.info("retry %s: no failed windows", pipeline)
+        return result
+    outbox = outbox_snapshot(settings, pipeline)
+    spark = spark or get_spark(settings, f"sluice-retry-{pipeline}")
+    if check_only:
+        log.info("retry %s: re-validating %d failed window(s)", pipeline, len(windows))
+        with pipeline_lock(settings, pipeline, purpose="retry (re-validation)"):
+            engine = engine_for(spark, settings)
+            result.quality = QualityChecker(spark, settings, engine, definition).check(windows,
+                                                                                      deliver=deliver_alerts)
+    else:
+        result.ranges = backfill_ranges(definition, windows)
+        log.info("retry %s: recomputing %d failed window(s) in %d backfill(s)", pipeline, len(windows),
+                 len(result.ranges))
+        for start, end in result.ranges:
+            done = run_backfill(settings, pipeline, start, end, include_late, spark, deliver_alerts=deliver_alerts)
+            result.quality = merged_reports(result.quality, done.quality)
+    result.alerts = alerts_recorded_since(settings, pipeline, outbox)
+    result.seconds = time.monotonic() - started
+    return result
