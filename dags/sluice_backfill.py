@@ -24,7 +24,7 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceBackfillOperator, job, send_alerts_task
+from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceGoldOperator, job, send_alerts_task
 from sluice.config import load_settings
 
 # The registered pipelines (definitions only, no Spark, no data) make the `pipeline` param's choices.
@@ -63,7 +63,7 @@ def sluice_backfill() -> None:
         return request.pipeline.name
 
     validate_params = validate()
-    backfill = SluiceBackfillOperator(
+    backfill = SluiceGoldOperator(
         task_id="backfill",
         pipeline="{{ params.pipeline }}",
         gold_alias=GOLD_ALIAS,  # resolved at run time to the chosen pipeline's gold Assets

@@ -3,15 +3,21 @@ Expectations' and Spark's noise."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import subprocess
 import sys
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 
 from sluice.core import spark as sluice_spark
+from support.servers import (
+    WebhookServer,
+    webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
+)
 
 NOISE = [
     "Skipping registering function",  # Great Expectations, ~200 lines when it is imported
@@ -23,6 +29,9 @@ NOISE = [
     "Disabling AQE",
     "adaptive.enabled is not supported in streaming",
     "Truncated the string representation of a plan",
+    "Using incubator modules",  # the driver JVM, before log4j starts (issue 29 section 6)
+    "airflow.configuration",  # Airflow's start-up, when an alert imports it
+    "airflow.settings",
 ]
 
 
@@ -50,9 +59,9 @@ def test_great_expectations_logs_warnings_only() -> None:
     assert not logging.getLogger("great_expectations._docs_decorators").isEnabledFor(logging.INFO)
 
 
-def _sluice(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def _sluice(home: Path, *args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if k not in {"PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR"}}
-    env["SLUICE_HOME"] = str(home)
+    env.update(SLUICE_HOME=str(home), **extra_env)
     return subprocess.run([sys.executable, "-m", "sluice.cli", *args], env=env, cwd=home,
                           capture_output=True, text=True, timeout=900)
 
@@ -71,3 +80,22 @@ def test_a_small_cycle_log_fits_on_a_screen(tmp_path: Path) -> None:
                 "sluice.aggregate: user_activity_hourly: closed window", "sluice.quality: user_activity_hourly:"):
         assert any(own in line for line in lines), f"{own!r} missing from the log:\n{result.stderr}"
     assert len(lines) <= 40, f"{len(lines)} lines:\n{result.stderr}"
+
+
+def test_delivering_an_alert_logs_without_airflows_start_up_lines(tmp_path: Path, webhook: WebhookServer) -> None:
+    """Delivery imports Airflow, whose start-up logs "Reading the config from ..." and "Configured default
+    timezone" at INFO: not on a sluice command's stderr."""
+    from sluice.alerting.alert import Alert
+    from sluice.alerting.outbox import record_alerts
+    from sluice.config import load_settings
+
+    settings = load_settings({}, home=tmp_path)
+    start = datetime(2024, 5, 1, 10, tzinfo=UTC)
+    record_alerts(settings, [Alert("ad_clicks_hourly", start, start + timedelta(hours=1),
+                                   [{"expectation": "lateness", "observed_value": "0.05"}], None, start)])
+    result = _sluice(tmp_path, "alerts", "--deliver", AIRFLOW_HOME=str(tmp_path / "airflow"),
+                     AIRFLOW_CONN_SLUICE_WEBHOOK=json.dumps({"conn_type": "http", "host": webhook.url}))
+    assert result.returncode == 0, result.stderr
+    assert len(webhook.posts()) == 1
+    for noise in NOISE:
+        assert noise not in result.stderr, result.stderr

@@ -109,6 +109,7 @@ class ScheduledRun:
     now: datetime
     dag_run: Any
     orchestration_log: list[str]
+    quiet_run: Any  # a second run at the same clock, with nothing new landed
 
 
 @pytest.fixture(scope="module")
@@ -127,7 +128,20 @@ def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Calla
         generate(home / "landing", options)
         with logged("sluice.orchestration") as messages:  # sluice's Airflow glue, run in-process
             dag_run = run_dag("ad_clicks_hourly", logical_date())
-    return ScheduledRun(home, now, dag_run, messages)
+            quiet_run = run_dag("ad_clicks_hourly", logical_date())
+    return ScheduledRun(home, now, dag_run, messages, quiet_run)
+
+
+def asset_events(run: Any) -> list[tuple[str, str, tuple[str, ...], dict[str, Any]]]:
+    """(asset uri, source task, source aliases, extra) of every Asset event a DAG run emitted."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)).all()
+        return sorted((e.asset.uri, e.source_task_id, tuple(a.name for a in e.source_aliases), dict(e.extra))
+                      for e in events)
 
 
 @pytest.mark.spark
@@ -157,6 +171,24 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     # nothing left and did not start Spark.
     log = ad_clicks_scheduled.orchestration_log
     assert any("nothing to check, Spark not started" in m for m in log), log
+
+    # Issue 29 section 5: one Asset event per gold table, carrying the windows the cycle closed, their rows
+    # and states; the next run, which closed nothing, emits none.
+    events = asset_events(run)
+    assert [(uri, task, aliases) for uri, task, aliases, _ in events] == [
+        ("sluice://gold/ad_clicks_hourly", "run_cycle", ("sluice_ad_clicks_hourly_gold",)),
+        ("sluice://gold/unmatched_clicks_hourly", "run_cycle", ("sluice_ad_clicks_hourly_gold",))]
+    extra = events[0][3]
+    assert events[1][3] == extra
+    assert (extra["pipeline"], extra["window_count"], extra["states"]) == ("ad_clicks_hourly", 2, {"validated": 2})
+    assert [(w["window_start"], w["state"]) for w in extra["windows"]] == [
+        (rfc3339(start), "validated") for start, _end in windows]
+    assert extra["rows"] == sum(w["rows"] for w in extra["windows"]) == len(gold) + len(
+        rows(home, "gold/unmatched_clicks_hourly"))
+    quiet = ad_clicks_scheduled.quiet_run
+    assert task_states(quiet)["run_cycle"] == "success" and run_state(quiet) == "success"
+    assert asset_events(quiet) == []
+    assert any("ad_clicks_hourly changed no window: no asset event" in m for m in log), log
 
 
 @pytest.mark.spark

@@ -423,8 +423,14 @@ def test_airflow_backfill_create_reprocesses_the_windows_of_each_run(deployment:
                      "JOIN asset a ON a.id = e.asset_id")
     assert [(uri, task, run_id) for uri, task, run_id, _extra in events] == \
         [(f"sluice://gold/{PIPELINE}", "reprocess_interval", first)]
-    assert json.loads(events[0][3]) == {"pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]),
-                                        "include_late": "true"}
+    extra = json.loads(events[0][3])
+    assert {k: extra[k] for k in ("pipeline", "start", "end", "include_late")} == {
+        "pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]), "include_late": "true"}
+    # What the run did to the windows, from the ledger rows it changed: only the reprocessed hour.
+    assert (extra["window_count"], extra["states"], extra["windows_truncated"]) == (1, {"reprocessed": 1}, False)
+    assert extra["windows"] == [{"window_start": z(W0[0]), "window_end": z(W0[1]), "state": "reprocessed",
+                                 "rows": after[W0]["rows"]}]
+    assert extra["rows"] == after[W0]["rows"] > 0
 
 
 # ------------------------------------------------------------------------------------------------ dag.test()
@@ -532,9 +538,11 @@ def test_sluice_backfill_emits_asset_events_for_the_chosen_pipeline_only(
     with create_session() as session:
         events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)).all()
         emitted = sorted((e.asset.uri, e.source_dag_id, e.source_task_id, tuple(a.name for a in e.source_aliases),
-                          json.dumps(e.extra, sort_keys=True)) for e in events)
-    extra = json.dumps({"pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]), "include_late": "false"},
-                       sort_keys=True)
+                          json.dumps({k: e.extra[k] for k in ("pipeline", "start", "end", "include_late",
+                                                              "window_count", "states")}, sort_keys=True))
+                         for e in events)
+    extra = json.dumps({"pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]), "include_late": "false",
+                        "window_count": 1, "states": {"reprocessed": 1}}, sort_keys=True)
     assert emitted == [(f"sluice://gold/{PIPELINE}", "sluice_backfill", "backfill", ("sluice_backfill_gold",),
                         extra)]
     # Other pipelines' gold tables exist as Assets (their DAGs declare them) and got nothing from this run.

@@ -10,8 +10,8 @@ at DAG parse time; the DAG factory reads only the pipeline definitions (the regi
 * :class:`SluiceSparkSubmitOperator`: ``SparkSubmitOperator`` through the ``spark_default`` connection when
   it is defined; otherwise local mode (``local[*]``), never the provider's YARN default. It runs pyspark's
   own ``spark-submit`` from this interpreter's environment and hands the Python workers this interpreter.
-* :class:`SluiceBackfillOperator`: ``sluice backfill`` through spark-submit, then one Asset event per gold
-  table of the pipeline it rewrote.
+* :class:`SluiceGoldOperator`: ``sluice run`` or ``sluice backfill`` through spark-submit, then one Asset
+  event per gold table of the pipeline, carrying the windows it closed or rewrote; none when it changed none.
 """
 
 from __future__ import annotations
@@ -247,13 +247,15 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
         return super().execute(context)
 
 
-class SluiceBackfillOperator(SluiceSparkSubmitOperator):
-    """``sluice backfill`` through spark-submit (``application_args`` as for the one job entry point); when it
-    succeeds, one Asset event per gold table of ``pipeline`` (templated), each carrying ``event_extra``
-    (templated: the range and options it rewrote). With ``gold_alias`` the events go through that
-    AssetAlias outlet, resolved at run time to the pipeline's Assets (the ``sluice_backfill`` DAG, whose
-    pipeline is a param); without it the pipeline's gold Assets are the task's outlets (a pipeline DAG's
-    backfill path)."""
+class SluiceGoldOperator(SluiceSparkSubmitOperator):
+    """A Spark task that writes gold (``sluice run`` or ``sluice backfill``): when it succeeds, one Asset
+    event per gold table of ``pipeline`` (templated) whose ``extra`` says what the run did to the windows:
+    those it closed or rewrote, with their rows and states (from the ledger rows the run changed), plus
+    ``event_extra`` (templated). A run that changed no window (a cycle that closed nothing) emits no event,
+    so a DAG scheduled on the gold Assets runs only when there is something new.
+
+    The events go through ``gold_alias``, an AssetAlias outlet resolved at run time to the pipeline's
+    Assets: a task whose outlets were the Assets themselves would emit an event on every success."""
 
     template_fields = (*SluiceSparkSubmitOperator.template_fields, "pipeline", "event_extra")
 
@@ -261,30 +263,63 @@ class SluiceBackfillOperator(SluiceSparkSubmitOperator):
         self,
         *,
         pipeline: str,
+        gold_alias: AssetAlias,
         event_extra: dict[str, Any] | None = None,
-        gold_alias: AssetAlias | None = None,
         **kwargs: Any,
     ) -> None:
-        if gold_alias is not None:
-            kwargs.setdefault("outlets", [gold_alias])
+        kwargs.setdefault("outlets", [gold_alias])
         super().__init__(**kwargs)
         self.pipeline = pipeline
         self.event_extra = event_extra or {}
         self.gold_alias = gold_alias
 
     def execute(self, context: Any) -> None:
-        super().execute(context)  # raises on failure: no event for a rewrite that did not happen
         from sluice.config import load_settings
+        from sluice.storage.ledger import changed_rows, read_ledger
 
-        extra = {"pipeline": self.pipeline, **self.event_extra}
-        assets = gold_assets(load_settings().pipeline(self.pipeline))
+        settings = load_settings()
+        before = read_ledger(settings, self.pipeline)
+        super().execute(context)  # raises on failure: no event for a rewrite that did not happen
+        changed = changed_rows(before, read_ledger(settings, self.pipeline))
+        if not changed:
+            log.info("%s changed no window: no asset event", self.pipeline)
+            return
+        extra = {**gold_event_extra(self.pipeline, changed), **self.event_extra}
+        assets = gold_assets(settings.pipeline(self.pipeline))
         events = context["outlet_events"]
         for asset in assets:
-            if self.gold_alias is not None:
-                events[self.gold_alias].add(asset, extra=extra)
-            else:
-                events[asset].extra.update(extra)
-        log.info("asset events for %s: %s", self.pipeline, ", ".join(a.uri for a in assets))
+            events[self.gold_alias].add(asset, extra=extra)
+        log.info("asset events for %s (%d window(s), %d row(s)): %s", self.pipeline, extra["window_count"],
+                 extra["rows"], ", ".join(a.uri for a in assets))
+
+
+# An event's extra lists at most this many windows (a catch-up may close thousands); the counts cover all.
+EVENT_WINDOWS = 48
+
+
+def gold_event_extra(pipeline: str, changed: list[Any]) -> dict[str, Any]:
+    """The ``extra`` of a gold Asset event: the windows a run closed or rewrote (ledger rows), their rows
+    (every output's) and states."""
+    rows = sorted(changed, key=lambda r: (r.window_start, r.window_end))
+    states: dict[str, int] = {}
+    for row in rows:
+        states[row.state] = states.get(row.state, 0) + 1
+    return {
+        "pipeline": pipeline,
+        "window_count": len(rows),
+        "window_start": rfc3339(rows[0].window_start),
+        "window_end": rfc3339(max(r.window_end for r in rows)),
+        "rows": sum(r.rows for r in rows),
+        "states": dict(sorted(states.items())),
+        "windows": [{"window_start": rfc3339(r.window_start), "window_end": rfc3339(r.window_end),
+                     "state": r.state, "rows": r.rows} for r in rows[:EVENT_WINDOWS]],
+        "windows_truncated": len(rows) > EVENT_WINDOWS,
+    }
+
+
+def pipeline_gold_alias(pipeline: PipelineDef) -> AssetAlias:
+    """The alias a pipeline DAG's gold-writing tasks emit their events through (see SluiceGoldOperator)."""
+    return AssetAlias(name=f"sluice_{pipeline.name}_gold", group="sluice")
 
 
 def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS) -> Any:
@@ -410,13 +445,14 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
         },
     ) as dag:
         choose_path = choose_path_task(pipeline.name)
-        run_cycle = SluiceSparkSubmitOperator(
+        run_cycle = SluiceGoldOperator(
             task_id=RUN_CYCLE,
+            pipeline=pipeline.name,
+            gold_alias=pipeline_gold_alias(pipeline),
             application=job(),
             # One Spark application per run: the cycle validates the windows it closes. Its alerts (failing
             # windows, unreadable files, correction notices) go out with send_alerts, which fails the run.
             application_args=["run", pipeline.name, "--no-deliver", "--no-fail-on-checks"],
-            outlets=gold_assets(pipeline),
             clock_from_data_interval=True,
         )
         check_quality = SluiceCheckOperator(
@@ -426,9 +462,10 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
             application_args=["check", pipeline.name, "--no-deliver"],
             clock_from_data_interval=True,
         )
-        reprocess = SluiceBackfillOperator(
+        reprocess = SluiceGoldOperator(
             task_id=REPROCESS,
             pipeline=pipeline.name,
+            gold_alias=pipeline_gold_alias(pipeline),
             application=job(),
             application_args=[
                 "backfill", pipeline.name,
@@ -440,7 +477,6 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
             ],
             event_extra={"start": "{{ " + windows + "['start'] }}", "end": "{{ " + windows + "['end'] }}",
                          "include_late": "{{ params.include_late | string | lower }}"},
-            outlets=gold_assets(pipeline),
         )
         # After whichever path ran; skipped when neither did (a backfill run whose interval holds no window).
         send_alerts = send_alerts_task(pipeline.name, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)

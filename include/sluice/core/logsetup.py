@@ -37,8 +37,9 @@ def _apply(level: int) -> None:
         level=level, format="%(asctime)s %(levelname)-5s %(name)s: %(message)s", datefmt="%H:%M:%S",
         stream=_Stderr(), force=True,
     )
-    # py4j narrates every callback at INFO; nobody running a pipeline wants that.
-    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway"):
+    # py4j narrates every callback at INFO, and Airflow its start-up ("Reading the config from ...",
+    # "Configured default timezone") when an alert imports it; nobody running a pipeline wants that.
+    for noisy in ("py4j", "py4j.clientserver", "py4j.java_gateway", "airflow.configuration", "airflow.settings"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
 
 

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from pyspark import SparkContext
 from pyspark.sql import SparkSession
@@ -46,11 +49,41 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
     # The JVM's logging is decided when it starts: only when this process starts it (not under spark-submit,
     # whose JVM already runs and got its Java options from spark-submit's own --conf).
     starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
-    for key, value in {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}.items():
+    options = {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}
+    for key, value in options.items():
         builder = builder.config(key, value)
+    if starts_jvm:
+        _launch_gateway(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
     return spark
+
+
+# What the driver JVM prints on stderr that no logging setting reaches: Spark's launcher always adds
+# --add-modules=jdk.incubator.vector, and the JVM announces it before log4j starts.
+JVM_NOISE = ("WARNING: Using incubator modules",)
+
+
+def _launch_gateway(builder: SparkSession.Builder) -> None:
+    """Start the driver JVM as pyspark would (spark-submit with the builder's options), with its stderr
+    passed through line by line minus :data:`JVM_NOISE`, and make it the gateway the session uses."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf()
+    for key, value in builder._options.items():  # what getOrCreate would hand spark-submit
+        conf.set(key, value)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    threading.Thread(target=_pass_stderr, args=(gateway.proc.stderr,), name="sluice-jvm-stderr",
+                     daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _pass_stderr(stream: Any) -> None:
+    """Copy the JVM's stderr to this process's (file descriptor 2, where the JVM would have written)."""
+    for line in iter(stream.readline, b""):
+        if not line.startswith(tuple(n.encode() for n in JVM_NOISE)):
+            os.write(2, line)
 
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")

@@ -173,6 +173,13 @@ def join_detail(findings: str | None, waiting: str | None) -> str | None:
     return "; ".join(part for part in (findings, waiting) if part) or None
 
 
+def changed_rows(before: Sequence[LedgerRow], after: Sequence[LedgerRow]) -> list[LedgerRow]:
+    """The rows of ``after`` that are new or differ from ``before`` (two reads of one pipeline's ledger around
+    a run): the windows that run closed, validated or rewrote."""
+    earlier = {r.window: r for r in before}
+    return [r for r in after if earlier.get(r.window) != r]
+
+
 def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:
     """Windows of ``pipeline`` closed but not validated yet: one read of the ledger (delta-rs, no Spark)."""
     return [(r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "closed"]
