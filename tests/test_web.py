@@ -17,11 +17,11 @@ import pytest
 from deltalake import write_deltalake
 from fastapi.testclient import TestClient
 
-from sluice.airflow.api import open_windows, streams_data, windows_data
+from sluice.airflow.api import streams_data, windows_data
 from sluice.airflow.web import create_app
 from sluice.cli.status import status_data
 from sluice.config import load_settings
-from sluice.core.windows import WindowSpec
+from sluice.quality.freshness import open_windows
 from sluice.storage import tables
 from sluice.storage.engine import arrow_schema
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, read_ledger
@@ -251,22 +251,36 @@ def test_an_empty_home_has_no_windows_and_no_batches(client: TestClient) -> None
     assert streams and all(s["points"] == [] and s["hourly"] == [] and s["until"] is None for s in streams)
 
 
-@pytest.mark.parametrize(
-    ("window", "expected"),
-    [
-        # Tumbling hours: the hours after the last closed window.
-        (WindowSpec(H), [(T0 + 2 * H, T0 + 3 * H), (T0 + 3 * H, T0 + 4 * H)]),
-        # 90-minute windows every 30 minutes, over the hours 02:00 and 03:00, not ending by 02:00.
-        (WindowSpec(timedelta(minutes=90), timedelta(minutes=30)),
-         [(T0 + timedelta(minutes=m), T0 + timedelta(minutes=m + 90)) for m in range(60, 240, 30)]),
-        # 20-minute windows every hour (gaps): one per hour.
-        (WindowSpec(timedelta(minutes=20), H),
-         [(T0 + 2 * H, T0 + 2 * H + timedelta(minutes=20)), (T0 + 3 * H, T0 + 3 * H + timedelta(minutes=20))]),
-    ],
-)
-def test_open_windows(window: WindowSpec, expected: list[tuple[datetime, datetime]]) -> None:
-    ledger = [LedgerRow("p", T0 + H, T0 + 2 * H, "validated", None, 1, 0, None, None)]
-    assert open_windows({T0 + 2 * H, T0 + 3 * H}, window, ledger) == expected
+def test_open_windows_are_counted_one_way_in_status_and_on_the_page(home: Path) -> None:
+    """Issue 29 section 3: open windows are real windows of the pipeline (here hourly), holding data the
+    closing rule has not closed: over the event hours in bronze, starting at or before the newest accepted
+    event, not in the ledger, ending after W. Not event hours: the 00:00 hour below is closed, and the
+    window of 03:00 holds nothing yet."""
+    settings = load_settings()
+    events = settings.stream("events")
+    bronze = tables.bronze(events)
+    names = arrow_schema(bronze.schema).names
+    records = [T0 + timedelta(minutes=m) for m in (10, 70, 130, 140)]  # hours 00, 01, 02; newest 02:20
+    write_deltalake(str(bronze.path(settings)), pa.Table.from_pylist([
+        {**dict.fromkeys(names), "event_time": t, "event_id": f"e{i}", "user_id": "u", "is_heartbeat": False,
+         "event_date": t.date(), "event_hour": t.hour} for i, t in enumerate(records)], arrow_schema(bronze.schema)),
+        partition_by=list(bronze.partition_by))
+    write_table(tables.INGEST_BATCHES.path(settings), tables.INGEST_BATCHES.schema, [
+        {"stream": "events", "batch_id": 0, "lines": 4, "accepted": 4, "quarantined": 0, "late": 0,
+         "duplicates": 0, "watermark_after": T0 + timedelta(minutes=135), "max_event_time": records[-1],
+         "max_arrival_time": records[-1], "is_heartbeat": False, "source_file": "file:/e.jsonl",
+         "spark_batch_id": 0, "query_id": "q"}])
+    write_table(WINDOW_LEDGER.path(settings), WINDOW_LEDGER.schema, [vars(ledger_row(T0, "validated"))])
+
+    # W = 02:15: [01:00, 02:00) is closable but not closed yet (the next cycle closes it), [02:00, 03:00) open.
+    # Every window the ledger does not hold and that ends after W - lateness_bound is open.
+    expected = [(T0 + 2 * H, T0 + 3 * H)]
+    assert open_windows(settings, settings.pipeline("user_activity_hourly")) == expected
+    [page] = [p for p in windows_data(settings, lambda page: page)["pipelines"]
+              if p["pipeline"] == "user_activity_hourly"]
+    assert [w["window_start"] for w in page["windows"] if w["state"] == "open"] == ["2024-05-01T02:00:00Z"]
+    [counts] = [p for p in status_data(settings)["pipelines"] if p["pipeline"] == "user_activity_hourly"]
+    assert (counts["windows"]["open"], counts["oldest_open"]) == (1, "2024-05-01T02:00:00Z")
 
 
 def test_plugin_registers_the_app_and_the_page() -> None:

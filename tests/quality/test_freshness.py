@@ -114,6 +114,19 @@ def test_a_window_left_open_past_its_grace_raises_one_stale_alert_naming_the_str
     assert post["failed"] == [{"expectation": "freshness:readings",
                                "observed_value": "watermark 2024-05-01T10:22:00Z, window due closed by "
                                                  "2024-05-01T11:25:00Z"}]
+    # Issue 29 section 3: `sluice status` (text and JSON), the ledger page and the alert count the same
+    # open windows, as windows of the pipeline: those holding data that W = 10:22 has not closed.
+    from sluice.airflow.api import windows_data
+    from sluice.cli.status import ledger_summary, status_data
+
+    [counts] = [p for p in status_data(home)["pipelines"] if p["pipeline"] == "device_temps"]
+    [page] = [p for p in windows_data(home, lambda page: page)["pipelines"] if p["pipeline"] == "device_temps"]
+    open_cells = [w["window_start"] for w in page["windows"] if w["state"] == "open"]
+    assert open_cells == ["2024-05-01T10:10:00Z", "2024-05-01T10:15:00Z", "2024-05-01T10:20:00Z"]
+    assert counts["windows"]["open"] == len(open_cells)
+    assert counts["oldest_open"] == open_cells[0] == post["window_start"]
+    [summary] = [line.split() for line in ledger_summary(home).splitlines() if line.startswith("device_temps")]
+    assert summary[1] == "3" and summary[-2:] == ["2024-05-01", "10:10:00Z"]
 
     # Still lagging ten minutes later: the next window is stale too, but one alert per grace is enough.
     land(home, "readings", "late1.jsonl", [reading(11, at(10, 29))], at(12, 9))

@@ -8,16 +8,16 @@ load costs about what ``sluice status`` costs. Timestamps are RFC 3339 UTC strin
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from sluice.cli.output import COUNTS, rfc3339
 from sluice.config import Settings
-from sluice.core.windows import WindowSpec
 from sluice.ingest.landing import load_state
 from sluice.quality.checker import docs_dir
+from sluice.quality.freshness import open_windows
 from sluice.storage import tables
 from sluice.storage.engine import read_small_table
 from sluice.storage.ledger import STATES, LedgerRow, read_ledger
@@ -25,16 +25,15 @@ from sluice.storage.ledger import STATES, LedgerRow, read_ledger
 #: Grid rows, in lifecycle order (late data waiting is ``late_waiting``, apart from the state); any other state
 #: found in the ledger is appended after these.
 GRID_STATES = STATES
-HOUR = timedelta(hours=1)
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 WindowKey = tuple[str, str | None, str | None]  # (pipeline, window_start, window_end) as RFC 3339
 
 
 def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: int = 500) -> dict[str, Any]:
     """Per pipeline: its last ``limit`` windows with their ledger state, row and late counts, DQ result and
-    Data Docs page. Windows not closed yet (``open``) are the ones over event hours in bronze that end after
-    the last closed window. ``docs_url`` turns a page path relative to the Data Docs folder into a URL."""
+    Data Docs page. Windows not closed yet (``open``) are counted as ``sluice status`` and freshness count
+    them (:func:`sluice.quality.freshness.open_windows`). ``docs_url`` turns a page path relative to the Data
+    Docs folder into a URL."""
     dq = _dq_by_window(settings, docs_url)
     ledger = read_ledger(settings)
     found = sorted({r.state for r in ledger} - set(GRID_STATES))
@@ -46,7 +45,7 @@ def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: i
         windows += [
             {"window_start": rfc3339(s), "window_end": rfc3339(e), "state": "open", "rows": None, "late_rows": None,
              "late_waiting": None, "closed_by_watermark": None, "detail": None, "dq": None, "docs_url": None}
-            for s, e in open_windows(_bronze_hours(settings, definition.streams), definition.window, rows)
+            for s, e in open_windows(settings, definition, rows)
         ]
         windows.sort(key=lambda w: (w["window_start"], w["window_end"]))
         pipelines.append({
@@ -133,31 +132,3 @@ def _docs_page(root: Path, docs_path: str | None) -> str | None:
         return None
     page = Path(docs_path).resolve()
     return page.relative_to(root).as_posix() if page.is_relative_to(root) else None
-
-
-def open_windows(
-    hours: Iterable[datetime], window: WindowSpec, ledger: list[LedgerRow]
-) -> list[tuple[datetime, datetime]]:
-    """The windows over these event hours that are not in the ledger and end after its last window: what
-    the next cycles will close. Spark aligns windows to the epoch (starts are multiples of the slide)."""
-    last_closed = max((r.window_end for r in ledger), default=None)
-    known = {(r.window_start, r.window_end) for r in ledger}
-    found: set[tuple[datetime, datetime]] = set()
-    for hour in hours:
-        # From the last start at or before hour - size: before every window that overlaps the hour.
-        earliest = hour - window.size
-        start = earliest - (earliest - EPOCH) % window.slide
-        while start < hour + HOUR:
-            end = start + window.size
-            if end > hour and (last_closed is None or end > last_closed) and (start, end) not in known:
-                found.add((start, end))
-            start += window.slide
-    return sorted(found)
-
-
-def _bronze_hours(settings: Settings, streams: Iterable[str]) -> set[datetime]:
-    """Event hours in the streams' bronze tables (heartbeats included), from the Delta log only."""
-    hours: set[datetime] = set()
-    for stream in streams:
-        hours |= set(tables.bronze_hours(tables.bronze(settings.stream(stream)).path(settings)))
-    return hours

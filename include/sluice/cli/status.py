@@ -26,34 +26,30 @@ from sluice.ingest.landing import all_late, all_late_message, load_state, local_
 from sluice.storage import tables
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger, split_detail
 
-#: The ledger states counted per pipeline, after ``open`` (hours in bronze that no window covers yet): the
-#: data-quality lifecycle (SPEC 4). Late data waiting is counted apart, whatever the window's state.
+#: The ledger states counted per pipeline, after ``open`` (windows that hold data and are not closed yet,
+#: :func:`sluice.quality.freshness.open_windows`): the data-quality lifecycle (SPEC 4). Late data waiting is
+#: counted apart, whatever the window's state.
 LEDGER_STATES = ("closed", "validated", "failed", "reprocessed")
 LATE_WAITING = "late_waiting"
 
 
-def _bronze_hours(settings: Settings, stream: str) -> set[datetime]:
-    """Event hours present in bronze, from partition values in the Delta log."""
-    return set(tables.bronze_hours(tables.bronze(settings.stream(stream)).path(settings)))
-
-
 def pipeline_windows(settings: Settings) -> list[dict[str, Any]]:
-    """Per registered pipeline: its ledger windows by state, then those with late data waiting (of any state),
-    how far windows are closed, and the event hours in bronze that no window covers yet (open)."""
+    """Per registered pipeline, counted in windows of the pipeline, as the ledger page and freshness count
+    them: the open ones, the ledger's by state, then those with late data waiting (of any state), how far
+    windows are closed and the oldest open one."""
+    from sluice.quality.freshness import open_windows
+
     out = []
     for pipeline, definition in sorted(settings.registry.pipelines.items()):
         ledger = read_ledger(settings, pipeline)
         states = Counter(r.state for r in ledger)
-        closed_starts = {r.window_start for r in ledger}
-        hours = set().union(*(_bronze_hours(settings, s) for s in definition.streams))
-        last_closed = max((r.window_end for r in ledger), default=None)
-        open_hours = sorted(h for h in hours if h not in closed_starts and (last_closed is None or h >= last_closed))
+        still_open = open_windows(settings, definition, ledger)
         out.append({
             "pipeline": pipeline,
-            "windows": {"open": len(open_hours), **{state: states.get(state, 0) for state in LEDGER_STATES},
+            "windows": {"open": len(still_open), **{state: states.get(state, 0) for state in LEDGER_STATES},
                         LATE_WAITING: sum(1 for r in ledger if r.late_waiting > 0)},
-            "closed_up_to": last_closed,
-            "oldest_open": open_hours[0] if open_hours else None,
+            "closed_up_to": max((r.window_end for r in ledger), default=None),
+            "oldest_open": still_open[0][0] if still_open else None,
         })
     return out
 

@@ -53,6 +53,7 @@ from sluice.storage import tables
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert
     from sluice.ingest.landing import StreamState
+    from sluice.storage.ledger import LedgerRow
 
 _TICK = timedelta(microseconds=1)
 _HOUR = timedelta(hours=1)
@@ -71,6 +72,49 @@ def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> Window:
     size, slide = pipeline.window.size, pipeline.window.slide
     start = first_window_start_at_or_after(watermark - pipeline.lateness_bound - size + _TICK, slide)
     return start, start + size
+
+
+def open_windows(settings: Settings, pipeline: PipelineDef, ledger: Iterable[LedgerRow] | None = None) -> list[Window]:
+    """The pipeline's windows that are open: real windows of its grid that hold its data and that the closing
+    rule has not closed yet. One definition for ``sluice status`` (its ``open`` count and ``oldest open``),
+    the ledger page's "not closed yet" cells and freshness, so that they count the same windows.
+
+    A window is open when it overlaps an event hour of the pipeline's streams in bronze (from the Delta log),
+    starts at or before the newest accepted event time, is not in the ledger, and ends after ``W -
+    lateness_bound`` (with no W yet, a stream having received no file, every such window is open, from the
+    first one holding the earliest accepted record). An hour-grained overlap can count a hopping window of
+    an hour whose records all fall outside it: open windows are those the next cycles can close, not a
+    promise that each holds a row."""
+    from sluice.ingest.landing import load_state
+    from sluice.storage.ledger import read_ledger
+
+    states = {stream: load_state(settings, stream) for stream in pipeline.streams}
+    newest = max((r.max_event_time for state in states.values() for r in state.rows
+                  if not r.is_heartbeat and r.accepted and r.max_event_time is not None), default=None)
+    if newest is None:
+        return []
+    marks = [state.watermark for state in states.values()]
+    after: datetime | None
+    if all(mark is not None for mark in marks):
+        after = min(m for m in marks if m is not None) - pipeline.lateness_bound  # ends at or before: closed
+    else:
+        earliest = earliest_event_time(settings, pipeline.streams)
+        after = first_window_holding(pipeline, earliest)[1] - _TICK if earliest is not None else None
+    rows = read_ledger(settings, pipeline.name) if ledger is None else ledger
+    known = {(r.window_start, r.window_end) for r in rows}
+    hours: set[datetime] = set()
+    for stream in pipeline.streams:
+        hours |= set(tables.bronze_hours(tables.bronze(settings.stream(stream)).path(settings)))
+    size, slide = pipeline.window.size, pipeline.window.slide
+    found: set[Window] = set()
+    for hour in hours:
+        start = first_window_start_at_or_after(hour - size + _TICK, slide)  # the first window overlapping it
+        while start < hour + _HOUR and start <= newest:
+            window = (start, start + size)
+            if (after is None or window[1] > after) and window not in known:
+                found.add(window)
+            start += slide
+    return sorted(found)
 
 
 def first_window_holding(pipeline: PipelineDef, moment: datetime) -> Window:
