@@ -572,3 +572,25 @@ def test_suite_follows_the_checks_of_each_window(validator: WindowValidator) -> 
     assert names(run(validator, bad_ctr).failed) == ["validity:ctr_between_0_and_1"]
     # The bad ctr goes unnoticed by a window that does not declare the check.
     assert run(validator, replace(bad_ctr, checks=AD_CHECKS[1:])).success
+
+
+def test_data_docs_show_a_failed_completeness_as_gold_total_against_the_bronze_count(
+    validator: WindowValidator,
+) -> None:
+    """Issue 29 section 4: a column pair's unexpected value rendered as "4546" for a gold total of 45 against a
+    bronze count of 46. The page now shows the expected count in the expectation and the gold total alone as
+    the unexpected value."""
+    import re
+
+    start, end = datetime(2024, 5, 1, tzinfo=UTC), datetime(2024, 5, 1, 1, tzinfo=UTC)
+    run_ = validator.validate_totals("p", start, end, completeness={"completeness:users": (45, 46)}, late_rows=0,
+                                     total_rows=46)
+    result = validator.combine("p", start, end, [run_])
+    assert [(o.expectation, o.observed_value) for o in result.failed] == [("completeness:users", "gold=45 bronze=46")]
+    validator.build_docs()
+    assert result.docs_path is not None
+    text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", result.docs_path.read_text()))
+    section = text[text.index("users_gold_total Status"):]
+    assert "greater than or equal to 46" in section and "less than or equal to 46" in section
+    assert re.search(r"Unexpected Value Count 45 1\b", section), section[:400]
+    assert "4546" not in text

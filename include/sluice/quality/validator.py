@@ -75,6 +75,7 @@ _GOLD_ASSET = "gold_rows"
 _OUTCOME_META = "sluice_outcome"
 _WINDOW_SECONDS_COLUMN = "window_seconds"
 _DLQ_SHARE_COLUMN = "dlq_share"
+_GOLD_SUFFIX, _BRONZE_SUFFIX = "_gold_total", "_bronze_count"  # the totals frame's columns of a completeness check
 _SAMPLE = 3  # offending values quoted in an observed value; GE's own page lists up to 20
 
 COMPLETENESS_PREFIX = "completeness:"
@@ -264,8 +265,11 @@ class WindowValidator:
     ) -> ExpectationSuiteValidationResult:
         from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
 
+        # The totals suite compares each gold total with this window's bronze count (see _totals_suite).
+        parameters = {c: int(data[c].iloc[0]) for c in data.columns if c.endswith(_BRONZE_SUFFIX) and len(data)}
         try:
-            return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id)
+            return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id,
+                                             expectation_parameters=parameters or None)
         except ResourceFreshnessAggregateError:
             # Another process rewrote the shared suite file with a different signature (e.g. a window
             # whose gold frame lacked a column): write ours back and run again.
@@ -273,7 +277,7 @@ class WindowValidator:
             # (add_or_update on the definition saves its suite too.)
             registered.validation = self._context.validation_definitions.add_or_update(registered.validation)
             result: ExpectationSuiteValidationResult = registered.validation.run(
-                batch_parameters={"dataframe": data}, run_id=run_id
+                batch_parameters={"dataframe": data}, run_id=run_id, expectation_parameters=parameters or None
             )
             return result
 
@@ -290,8 +294,12 @@ class WindowValidator:
         expectations: list[Expectation] = []
         formatters: dict[str, _Formatter] = {}
         for outcome, label in _labels(names).items():
-            expectations.append(gx.expectations.ExpectColumnPairValuesToBeEqual(
-                column_A=f"{label}_gold_total", column_B=f"{label}_bronze_count", meta={_OUTCOME_META: outcome},
+            # The gold total must equal the window's bronze count, passed per window as a suite parameter:
+            # Data Docs then shows the gold total as the unexpected value and the bronze count as the
+            # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
+            bronze = {"$PARAMETER": f"{label}{_BRONZE_SUFFIX}"}
+            expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
+                column=f"{label}{_GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={_OUTCOME_META: outcome},
             ))
             formatters[outcome] = _format_completeness
         expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
@@ -506,8 +514,8 @@ def _totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int
     row: dict[str, int | float] = {}
     labels = _labels(list(completeness))
     for outcome, (gold_total, bronze_count) in completeness.items():
-        row[f"{labels[outcome]}_gold_total"] = int(gold_total)
-        row[f"{labels[outcome]}_bronze_count"] = int(bronze_count)
+        row[f"{labels[outcome]}{_GOLD_SUFFIX}"] = int(gold_total)
+        row[f"{labels[outcome]}{_BRONZE_SUFFIX}"] = int(bronze_count)
     row["late_rows"] = int(late_rows)
     row["total_rows"] = int(total_rows)
     row[_DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
@@ -594,9 +602,9 @@ def _first_value(data: pd.DataFrame, column: str) -> str:
 
 
 def _format_completeness(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    kwargs = parts[0].expectation_config.kwargs if parts[0].expectation_config else {}
-    gold = _first_value(data, str(kwargs.get("column_A")))
-    bronze = _first_value(data, str(kwargs.get("column_B")))
+    column = _column(parts[0])
+    gold = _first_value(data, column)
+    bronze = _first_value(data, column.removesuffix(_GOLD_SUFFIX) + _BRONZE_SUFFIX)
     return f"gold={gold} bronze={bronze}"
 
 
