@@ -6,13 +6,15 @@ transforms as the scheduled path, and replace exactly that range of gold in one 
 re-run the data-quality checks and mark the windows `reprocessed` in `ops/window_ledger`.
 
 Params: `pipeline`, `start`, `end` (RFC 3339, aligned to the pipeline's windows), `include_late` (also
-bring in the DLQ records). Bad params are refused by **validate_params** before any Spark work, with a
+bring in the DLQ records), `check_only` (re-check the closed windows of the range as they stand, without
+rewriting gold: the window-ledger page's "re-check"). Bad params are refused by **validate_params** before any Spark work, with a
 message that says what to fix. A backfill and a scheduled run of the same pipeline never write at the same
 time (a per-pipeline lock taken by the shared code).
 
 When **backfill** succeeds it emits one Asset event per gold table of the chosen pipeline
 (`sluice://gold/<output>`, through the AssetAlias `sluice_backfill_gold`; each event's extra holds
-`pipeline`, `start`, `end`, `include_late`), so asset-scheduled DAGs downstream see the rewrite.
+`pipeline`, `start`, `end`, `include_late`, and the windows rewritten with their rows and states), so
+asset-scheduled DAGs downstream see the rewrite. A re-check rewrites no gold and emits none.
 
 To reprocess the windows of past DAG runs of a pipeline instead, backfill the pipeline's own DAG
 (`airflow backfill create --dag-id <pipeline> --from-date ... --to-date ...`, or *Run backfill* in the UI):
@@ -48,6 +50,9 @@ PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
         "end": Param("2024-05-01T01:00:00Z", type="string", format="date-time",
                      description="end of the range (exclusive), RFC 3339"),
         "include_late": Param(False, type="boolean", description="also recompute with the DLQ records"),
+        "check_only": Param(False, type="boolean",
+                            description="re-check the closed windows of the range as they stand, without "
+                                        "rewriting gold (the ledger page's re-check)"),
     },
 )
 def sluice_backfill() -> None:
@@ -57,6 +62,11 @@ def sluice_backfill() -> None:
         from sluice.streaming.backfill import validate_request
 
         assert params is not None
+        if params.get("check_only") and params.get("include_late"):
+            from sluice.config import ConfigError
+
+            raise ConfigError("check_only re-checks gold as it stands, so it cannot bring in late data: set "
+                              "include_late or check_only, not both")
         request = validate_request(
             load_settings(), params["pipeline"], params["start"], params["end"], bool(params["include_late"])
         )
@@ -68,7 +78,7 @@ def sluice_backfill() -> None:
         pipeline="{{ params.pipeline }}",
         gold_alias=GOLD_ALIAS,  # resolved at run time to the chosen pipeline's gold Assets
         event_extra={"start": "{{ params.start }}", "end": "{{ params.end }}",
-                     "include_late": "{{ params.include_late | string | lower }}"},
+                     "include_late": "{{ params.include_late | string | lower }}"},  # a re-check emits none
         application=job(),
         application_args=[
             "backfill",
@@ -76,6 +86,7 @@ def sluice_backfill() -> None:
             "--start", "{{ params.start }}",
             "--end", "{{ params.end }}",
             "--include-late", "{{ params.include_late | string | lower }}",
+            "--check-only", "{{ params.check_only | string | lower }}",
             "--no-deliver",
             "--no-fail-on-checks",  # send_alerts delivers and fails the run; a retry would not help
         ],

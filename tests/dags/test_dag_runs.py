@@ -188,7 +188,7 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     quiet = ad_clicks_scheduled.quiet_run
     assert task_states(quiet)["run_cycle"] == "success" and run_state(quiet) == "success"
     assert asset_events(quiet) == []
-    assert any("ad_clicks_hourly changed no window: no asset event" in m for m in log), log
+    assert any("ad_clicks_hourly: no window's gold changed: no asset event" in m for m in log), log
 
 
 @pytest.mark.spark

@@ -427,6 +427,22 @@ def test_retry_re_checks_then_recomputes_exactly_the_failed_windows(
     assert int(after[win("10:10")]["d2"]["readings"]) == int(gold_before[win("10:10")]["d2"]["readings"]) + 1
     assert retry()["windows"] == []  # nothing failed any more
 
+    # `sluice backfill --check-only` (the sluice_backfill DAG's check_only, the ledger page's re-check)
+    # re-validates the closed windows of a range as they stand: a new round, gold not rewritten.
+    gold_version = versions(settings)[GOLD]
+    capsys.readouterr()
+    code = main(["--home", str(settings.home), "--pipelines", str(settings.pipelines_path), "backfill", PIPELINE,
+                 "--start", "2024-05-01T09:55:00Z", "--end", "2024-05-01T10:10:00Z", "--check-only",
+                 "--now", "2024-05-01T10:40:00Z", "--no-deliver", "--json"])
+    rechecked = json.loads(capsys.readouterr().out)
+    assert (code, rechecked["outcome"], rechecked["action"]) == (0, "passed", "check"), rechecked["quality"]
+    assert [w["window_start"] for w in rechecked["windows"]] == [
+        "2024-05-01T09:55:00Z", "2024-05-01T10:00:00Z", "2024-05-01T10:05:00Z"]
+    assert versions(settings)[GOLD] == gold_version
+    rows = ledger(settings)
+    assert {w: (rows[w].state, rows[w].attempt) for w in (win("09:55"), win("10:00"))} == {
+        win("09:55"): ("validated", 2), win("10:00"): ("reprocessed", 4)}
+
 
 # ------------------------------------------------------------------------------------------------ no-op
 def lake_versions(settings: Settings) -> dict[str, int]:

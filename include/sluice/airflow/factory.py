@@ -250,9 +250,9 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
 class SluiceGoldOperator(SluiceSparkSubmitOperator):
     """A Spark task that writes gold (``sluice run`` or ``sluice backfill``): when it succeeds, one Asset
     event per gold table of ``pipeline`` (templated) whose ``extra`` says what the run did to the windows:
-    those it closed or rewrote, with their rows and states (from the ledger rows the run changed), plus
-    ``event_extra`` (templated). A run that changed no window (a cycle that closed nothing) emits no event,
-    so a DAG scheduled on the gold Assets runs only when there is something new.
+    those it closed or rewrote, with their rows and states (from the ledger rows whose gold the run wrote),
+    plus ``event_extra`` (templated). A run that wrote no window's gold (a cycle that closed nothing, a
+    re-check) emits no event, so a DAG scheduled on the gold Assets runs only when there is something new.
 
     The events go through ``gold_alias``, an AssetAlias outlet resolved at run time to the pipeline's
     Assets: a task whose outlets were the Assets themselves would emit an event on every success."""
@@ -275,14 +275,14 @@ class SluiceGoldOperator(SluiceSparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from sluice.config import load_settings
-        from sluice.storage.ledger import changed_rows, read_ledger
+        from sluice.storage.ledger import gold_changes, read_ledger
 
         settings = load_settings()
         before = read_ledger(settings, self.pipeline)
         super().execute(context)  # raises on failure: no event for a rewrite that did not happen
-        changed = changed_rows(before, read_ledger(settings, self.pipeline))
+        changed = gold_changes(before, read_ledger(settings, self.pipeline))
         if not changed:
-            log.info("%s changed no window: no asset event", self.pipeline)
+            log.info("%s: no window's gold changed: no asset event", self.pipeline)
             return
         extra = {**gold_event_extra(self.pipeline, changed), **self.event_extra}
         assets = gold_assets(settings.pipeline(self.pipeline))

@@ -215,8 +215,16 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
     from sluice.streaming.backfill import run_backfill, validate_request
 
     settings = _settings(args, writes=True)
-    validate_request(settings, args.pipeline, args.start, args.end, args.include_late)  # its errors come first
+    request = validate_request(settings, args.pipeline, args.start, args.end, args.include_late)  # errors first
     _require_bronze(settings, args.pipeline)
+    if args.check_only:
+        from sluice.cli.output import retry_data
+        from sluice.streaming.retry import run_recheck
+
+        checked = run_recheck(settings, args.pipeline, request.start, request.end,
+                              deliver_alerts=not args.no_deliver)
+        code = EXIT_OK if args.no_fail_on_checks else checked.exit_code
+        return Output(code, checked.render(), {**retry_data(checked), "exit_code": code})
     result = run_backfill(
         settings, args.pipeline, args.start, args.end, include_late=args.include_late,
         deliver_alerts=not args.no_deliver,
@@ -488,6 +496,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--include-late", nargs="?", const="true", default="false", type=_flag, metavar="BOOL",
         help="also bring in the late (DLQ) records (a bare flag, or true/false)",
     )
+    backfill.add_argument(
+        "--check-only", nargs="?", const="true", default="false", type=_flag, metavar="BOOL",
+        help="re-check the closed windows of the range as they stand, without rewriting gold (a bare flag, or "
+             "true/false)",
+    )
     _now_option(backfill)
     backfill.add_argument("--no-deliver", action="store_true",
                           help="record alerts but do not send them (`sluice alerts --deliver` sends them)")
@@ -657,6 +670,9 @@ def _check_combinations(parser: argparse.ArgumentParser, args: argparse.Namespac
         if args.all and args.deliver:
             parser.error("alerts: --all lists the history and --deliver sends the pending alerts; run them one "
                          "at a time")
+    if args.func is cmd_backfill and args.check_only and args.include_late:
+        parser.error("backfill: --check-only re-checks gold as it stands, so it cannot bring in late data; use "
+                     "--include-late without --check-only")
     if args.func is cmd_retry and args.check_only and args.include_late:
         parser.error("retry: --check-only re-checks gold as it stands, so it cannot bring in late data; drop "
                      "--check-only to recompute with --include-late")

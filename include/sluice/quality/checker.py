@@ -178,7 +178,8 @@ class QualityChecker:
         ``rounds``: the validation round (``attempt``) of each window, as a backfill or correction planned it
         before its first commit; other windows take the ledger's attempt + 1.
         ``late_in_gold``: per window, how many of its DLQ records gold was just rebuilt with (a backfill with
-        ``include_late``): the lateness check counts only the DLQ records not in gold (SPEC 5)."""
+        ``include_late``): the lateness check counts only the DLQ records not in gold (SPEC 5). None: what the
+        ledger says gold holds (``late_in_gold``, set by the last backfill or correction), as for a re-check."""
         report = QualityReport(self.pipeline.name)
         if windows is None:  # the scheduled check (not a backfill's): also judge freshness
             self._freshness()
@@ -209,6 +210,9 @@ class QualityChecker:
         if windows:
             # The pipeline's DLQ records per window (only DLQ files not counted before are read).
             late_by_window = dlq_counts(self.settings, self.pipeline, windows)
+            if late_in_gold is None:
+                late_in_gold = {r.window: r.late_in_gold for r in read_ledger(self.settings, self.pipeline.name)
+                                if r.late_in_gold}
             queries = self._count_queries(windows, include_late)
             with ThreadPoolExecutor(1, thread_name_prefix="sluice-dq-counts") as pool:
                 # The windows' bronze counts take Spark jobs: they run on the executors while GE checks the
@@ -228,7 +232,7 @@ class QualityChecker:
                     late = late_by_window.get(window, 0)
                     # The window's records are bronze's and the DLQ's; of the DLQ's, those gold holds are no
                     # longer late data (a backfill or correction with the late records put them in).
-                    waiting = max(0, late - (late_in_gold or {}).get(window, 0))
+                    waiting = max(0, late - late_in_gold.get(window, 0))
                     run = validator.validate_totals(
                         self.pipeline.name, *window, completeness=completeness.get(window, {}), late_rows=waiting,
                         total_rows=totals.get(window, 0) + late,
@@ -401,7 +405,8 @@ class QualityChecker:
                 row.late_rows = n_late
             row.updated_at = now
             if validation.success:
-                row.state = final_state or "validated"
+                # A re-check of a rewritten window keeps it reprocessed (its gold is a backfill's).
+                row.state = final_state or ("reprocessed" if row.gold_versions else "validated")
                 row.detail = None
             else:
                 row.state = "failed"

@@ -63,6 +63,9 @@ WINDOW_LEDGER = TableDef(
             # The last correction or backfill: {"gold/<output>": [version before, version after], ...}, for
             # Delta time travel (``sluice status --window``).
             StructField("gold_versions", StringType(), True),
+            # Of the window's DLQ records, how many gold holds: those a backfill or correction with the late
+            # data rebuilt it with (0 otherwise). The lateness check counts only the others (SPEC 5).
+            StructField("late_in_gold", LongType(), True),
         ]
     ),
 )
@@ -92,6 +95,7 @@ class LedgerRow:
     late_waiting: int = 0
     attempt: int = 0
     gold_versions: str | None = None
+    late_in_gold: int = 0
 
     @property
     def key(self) -> tuple[str, datetime, datetime]:
@@ -123,7 +127,7 @@ def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerR
     table = data.filter(pc.field("pipeline") == pipeline) if pipeline else data
     names = {f.name for f in fields(LedgerRow)}
     # Columns added by later versions read as null in older rows: their defaults.
-    counters = ("late_waiting", "attempt")
+    counters = ("late_waiting", "attempt", "late_in_gold")
     rows = []
     for r in pa.Table.to_pylist(table):
         values: dict[str, Any] = {k: (0 if v is None and k in counters else v) for k, v in r.items() if k in names}
@@ -173,11 +177,13 @@ def join_detail(findings: str | None, waiting: str | None) -> str | None:
     return "; ".join(part for part in (findings, waiting) if part) or None
 
 
-def changed_rows(before: Sequence[LedgerRow], after: Sequence[LedgerRow]) -> list[LedgerRow]:
-    """The rows of ``after`` that are new or differ from ``before`` (two reads of one pipeline's ledger around
-    a run): the windows that run closed, validated or rewrote."""
+def gold_changes(before: Sequence[LedgerRow], after: Sequence[LedgerRow]) -> list[LedgerRow]:
+    """The rows of ``after`` whose gold a run wrote, from two reads of one pipeline's ledger around it: the
+    windows it closed (new rows) and those it rewrote (backfills and corrections record new gold versions).
+    A window only validated again is not among them: its gold did not change."""
     earlier = {r.window: r for r in before}
-    return [r for r in after if earlier.get(r.window) != r]
+    return [r for r in after if (old := earlier.get(r.window)) is None
+            or (old.rows, old.gold_versions, old.closed_at) != (r.rows, r.gold_versions, r.closed_at)]
 
 
 def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:

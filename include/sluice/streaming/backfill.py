@@ -294,11 +294,13 @@ class Backfill:
             # hold records that landed after the first run read the DLQ.
             in_gold = {w: min(late_rows[w], counted.get(w, 0)) if w in late_rows else counted.get(w, 0)
                        for w in result.windows}
+        # Without include_late gold was rebuilt from bronze alone: it holds none of the DLQ records.
+        in_gold = in_gold if in_gold is not None else {}
         result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
             result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts,
             rounds=rounds, late_in_gold=in_gold,
         )
-        self._settle_ledger(result, late_rows)
+        self._settle_ledger(result, late_rows, in_gold)
         result.seconds = time.monotonic() - started
         return result
 
@@ -343,9 +345,11 @@ class Backfill:
     def _ledger_app(self) -> str:
         return f"{self.commits.ledger_app}.{self.request.pipeline.name}"
 
-    def _settle_ledger(self, result: BackfillResult, late_rows: Mapping[Window, int]) -> None:
-        """After the validation: ``late_rows`` back to the count the backfill started from, and windows whose
-        late records are still not in gold say so. One commit, only when something differs."""
+    def _settle_ledger(self, result: BackfillResult, late_rows: Mapping[Window, int],
+                       in_gold: Mapping[Window, int]) -> None:
+        """After the validation: ``late_rows`` back to the count the backfill started from, ``late_in_gold``
+        what gold now holds of the DLQ, and windows whose late records are still not in gold say so. One
+        commit, only when something differs."""
         from sluice.streaming.corrections import waiting_detail  # corrections builds on this module
 
         now = self.settings.now()
@@ -355,13 +359,14 @@ class Backfill:
         for row in read_ledger(self.settings, pipeline.name):
             if row.window not in chosen:
                 continue
-            before = (row.late_rows, row.detail)
+            before = (row.late_rows, row.detail, row.late_in_gold)
             row.late_rows = late_rows.get(row.window, row.late_rows)
+            row.late_in_gold = in_gold.get(row.window, 0)
             if row.late_waiting > 0:
                 result.late_waiting[row.window] = row.late_waiting
                 findings = split_detail(row.detail)[0]
                 row.detail = join_detail(findings, waiting_detail(pipeline, row, now, reprocessed=True))
-            if (row.late_rows, row.detail) != before:
+            if (row.late_rows, row.detail, row.late_in_gold) != before:
                 row.updated_at = now
                 changed.append(row)
         if changed:

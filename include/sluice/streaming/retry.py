@@ -64,18 +64,23 @@ class RetryResult:
     quality: QualityReport | None = None
     alerts: AlertTally = field(default_factory=AlertTally)
     seconds: float = 0.0
+    # What the windows are and who asked: the failed ones (``sluice retry``) or the closed ones of a range
+    # (``sluice backfill --check-only``).
+    chosen: str = "failed"
+    command: str = "retry"
 
     @property
     def exit_code(self) -> int:
         return 2 if self.quality is not None and self.quality.failed else 0
 
     def render(self) -> str:
+        head = f"sluice {self.command} {self.pipeline}"
         if not self.windows:
-            return f"sluice retry {self.pipeline}: no failed windows; nothing to retry"
-        how = ("re-validated as they stand" if self.check_only else
+            return f"{head}: no {self.chosen} windows; nothing to {'retry' if self.command == 'retry' else 're-check'}"
+        how = ("re-validated as they stand (gold not rewritten)" if self.check_only else
                f"recomputed from bronze{' with their late data' if self.include_late else ''} in "
                f"{len(self.ranges)} backfill(s) and re-validated")
-        lines = [f"sluice retry {self.pipeline}: {len(self.windows)} failed window(s) {how} in {self.seconds:.1f}s"]
+        lines = [f"{head}: {len(self.windows)} {self.chosen} window(s) {how} in {self.seconds:.1f}s"]
         if not self.check_only:
             lines += [f"  backfill [{s:%Y-%m-%d %H:%M}, {e:%Y-%m-%d %H:%M})" for s, e in self.ranges]
         q = self.quality
@@ -107,10 +112,7 @@ def run_retry(
     spark = spark or get_spark(settings, f"sluice-retry-{pipeline}")
     if check_only:
         log.info("retry %s: re-validating %d failed window(s)", pipeline, len(windows))
-        with pipeline_lock(settings, pipeline, purpose="retry (re-validation)"):
-            engine = engine_for(spark, settings)
-            result.quality = QualityChecker(spark, settings, engine, definition).check(windows,
-                                                                                      deliver=deliver_alerts)
+        result.quality = _recheck(spark, settings, definition, windows, deliver_alerts)
     else:
         result.ranges = backfill_ranges(definition, windows)
         log.info("retry %s: recomputing %d failed window(s) in %d backfill(s)", pipeline, len(windows),
@@ -119,5 +121,51 @@ def run_retry(
             done = run_backfill(settings, pipeline, start, end, include_late, spark, deliver_alerts=deliver_alerts)
             result.quality = merged_reports(result.quality, done.quality)
     result.alerts = alerts_recorded_since(settings, pipeline, outbox)
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _recheck(spark: SparkSession, settings: Settings, pipeline: PipelineDef, windows: list[Window],
+             deliver_alerts: bool) -> QualityReport:
+    """A new validation round of ``windows`` as gold holds them (under the pipeline lock). Windows whose gold
+    a backfill or correction rebuilt with their late records (the ledger's ``late_in_gold``) are checked as
+    that backfill checked them: their completeness counts the DLQ records too."""
+    with pipeline_lock(settings, pipeline.name, purpose="re-validation"):
+        engine = engine_for(spark, settings)
+        with_late = {r.window for r in read_ledger(settings, pipeline.name) if r.late_in_gold}
+        report: QualityReport | None = None
+        for include_late in (False, True):
+            chosen = [w for w in windows if (w in with_late) == include_late]
+            if chosen:
+                report = merged_reports(report, QualityChecker(spark, settings, engine, pipeline).check(
+                    chosen, deliver=deliver_alerts, include_late=include_late))
+        assert report is not None
+        return report
+
+
+def run_recheck(
+    settings: Settings,
+    pipeline: str,
+    start: datetime,
+    end: datetime,
+    spark: SparkSession | None = None,
+    *,
+    deliver_alerts: bool = True,
+) -> RetryResult:
+    """``sluice backfill --check-only`` (the ``sluice_backfill`` DAG's ``check_only``, the ledger page's
+    "re-check"): re-validate the closed windows starting in ``[start, end)`` as they stand, without
+    rewriting gold. Windows the ledger does not hold (open, or never holding a row) are left alone."""
+    definition = settings.pipeline(pipeline)
+    started = time.monotonic()
+    windows = sorted((r.window_start, r.window_end) for r in read_ledger(settings, pipeline)
+                     if start <= r.window_start < end)
+    result = RetryResult(pipeline, True, False, windows, chosen="closed", command="backfill --check-only")
+    if windows:
+        outbox = outbox_snapshot(settings, pipeline)
+        log.info("re-check %s: re-validating %d closed window(s) in [%s, %s)", pipeline, len(windows),
+                 start.isoformat(), end.isoformat())
+        result.quality = _recheck(spark or get_spark(settings, f"sluice-recheck-{pipeline}"), settings, definition,
+                                  windows, deliver_alerts)
+        result.alerts = alerts_recorded_since(settings, pipeline, outbox)
     result.seconds = time.monotonic() - started
     return result
