@@ -7,9 +7,9 @@ re-run the data-quality checks and mark the windows `reprocessed` in `ops/window
 
 Params: `pipeline`, `start`, `end` (RFC 3339, aligned to the pipeline's windows), `include_late` (also
 bring in the DLQ records), `check_only` (re-check the closed windows of the range as they stand, without
-rewriting gold: the window-ledger page's "re-check"). Bad params are refused by **validate_params** before any Spark work, with a
-message that says what to fix. A backfill and a scheduled run of the same pipeline never write at the same
-time (a per-pipeline lock taken by the shared code).
+rewriting gold: the window-ledger page's "re-check"). Bad params are refused by **validate_params**
+before any Spark work, with a message that says what to fix. A backfill and a scheduled run of the same
+pipeline never write at the same time (a per-pipeline lock taken by the shared code).
 
 When **backfill** succeeds it emits one Asset event per gold table of the chosen pipeline
 (`sluice://gold/<output>`, through the AssetAlias `sluice_backfill_gold`; each event's extra holds

@@ -162,7 +162,9 @@ def test_windows_carry_state_counts_dq_and_their_data_docs_page(home: Path) -> N
         ("2024-05-01T00:00:00Z", "validated"), ("2024-05-01T01:00:00Z", "failed"), ("2024-05-01T02:00:00Z", "closed")
     ]
     assert windows[0]["dq"] == {"passed": 2, "failed": 0, "failures": []}
-    assert windows[1]["dq"] == {"passed": 1, "failed": 1, "failures": ["lateness:dlq_share_within_threshold (0.3)"]}
+    # Which check failed, with what it observed and what it expected (issue 29 section 4).
+    assert windows[1]["dq"] == {"passed": 1, "failed": 1, "failures": [
+        {"expectation": "lateness:dlq_share_within_threshold", "observed": "0.3", "expected": "<= 0.01"}]}
     assert (windows[1]["rows"], windows[1]["late_rows"], windows[1]["detail"]) == (10, 3, "lateness (0.3)")
     assert windows[0]["docs_url"] == "/sluice/docs/validations/page.html"
     assert windows[2]["dq"] is None and windows[2]["docs_url"] is None  # closed, not validated yet
@@ -306,3 +308,53 @@ def test_importing_the_plugin_leaves_the_api_server_alone() -> None:
                           timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.strip().splitlines()[-1] == "False"
+
+
+@pytest.mark.parametrize(
+    ("expectation", "observed", "expected"),
+    [
+        ("completeness:users", "gold=45 bronze=46", "gold = bronze count (46)"),
+        ("unmatched_clicks_hourly.completeness:clicks", "gold=3 bronze=4", "gold = bronze count (4)"),
+        ("lateness:dlq_share_within_threshold", "0.0793", "<= 0.01"),
+        ("validity:ctr_between_0_and_1", "2 outside [0, 1] (ctr: 1.5, 2)", "every value within [0, 1]"),
+        ("validity:no_null_keys", "3 nulls (ad_id: 3)", "0 nulls"),
+        ("validity:window_is_one_hour", "1 of 4 rows != 3600s (1800)", "every window 3600s long"),
+        ("validity:ctr_between_0_and_1", "error: column ctr missing", None),
+    ],
+)
+def test_a_failed_check_says_what_it_expected(home: Path, expectation: str, observed: str,
+                                              expected: str | None) -> None:
+    from sluice.airflow.api import expected_value
+
+    assert expected_value(expectation, observed, load_settings()) == expected
+
+
+def test_windows_link_the_airflow_task_that_closed_and_validated_them(home: Path) -> None:
+    settings = load_settings()
+    task = '{"dag_id": "user_activity_hourly", "run_id": "scheduled__2024-05-01T01:00:00+00:00", ' \
+           '"task_id": "run_cycle", "try_number": "2"}'
+    row = replace(ledger_row(T0, "validated"), closed_by=task, validated_by=None)
+    write_table(WINDOW_LEDGER.path(settings), WINDOW_LEDGER.schema, [vars(row)])
+    mounted = TestClient(create_app(reader=allow), root_path="/base/sluice")
+    [window] = {p["pipeline"]: p["windows"] for p in mounted.get("/api/windows").json()["pipelines"]}[
+        "user_activity_hourly"]
+    run = "/base/dags/user_activity_hourly/runs/scheduled__2024-05-01T01%3A00%3A00%2B00%3A00"
+    assert window["closed_by"] == {"dag_id": "user_activity_hourly", "run_id": "scheduled__2024-05-01T01:00:00+00:00",
+                                   "task_id": "run_cycle", "try_number": "2", "run_url": run,
+                                   "log_url": f"{run}/tasks/run_cycle?try_number=2"}
+    assert window["validated_by"] is None
+
+
+def test_the_ledger_records_the_airflow_task_of_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from sluice.storage.ledger import airflow_task
+
+    for var in ("AIRFLOW_CTX_DAG_ID", "AIRFLOW_CTX_DAG_RUN_ID", "AIRFLOW_CTX_TASK_ID", "AIRFLOW_CTX_TRY_NUMBER"):
+        monkeypatch.delenv(var, raising=False)
+    assert airflow_task() is None  # the CLI
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_ID", "d")
+    monkeypatch.setenv("AIRFLOW_CTX_DAG_RUN_ID", "r")
+    monkeypatch.setenv("AIRFLOW_CTX_TASK_ID", "t")
+    monkeypatch.setenv("AIRFLOW_CTX_TRY_NUMBER", "1")
+    assert json.loads(airflow_task() or "") == {"dag_id": "d", "run_id": "r", "task_id": "t", "try_number": "1"}

@@ -185,6 +185,11 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
         (rfc3339(start), "validated") for start, _end in windows]
     assert extra["rows"] == sum(w["rows"] for w in extra["windows"]) == len(gold) + len(
         rows(home, "gold/unmatched_clicks_hourly"))
+    # The ledger names the Airflow task that closed and validated each window (the ledger page links them).
+    for r in rows(home, "ops/window_ledger"):
+        for recorded in (r["closed_by"], r["validated_by"]):
+            task = json.loads(recorded)
+            assert (task["dag_id"], task["run_id"], task["task_id"]) == ("ad_clicks_hourly", run.run_id, "run_cycle")
     quiet = ad_clicks_scheduled.quiet_run
     assert task_states(quiet)["run_cycle"] == "success" and run_state(quiet) == "success"
     assert asset_events(quiet) == []

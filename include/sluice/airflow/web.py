@@ -87,7 +87,10 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
 
         # Root-relative links that hold wherever the app is mounted (root_path is the mount prefix).
         prefix = request.scope.get("root_path", "")
-        return windows_data(load_settings(), lambda page: f"{prefix}/docs/{quote(page)}", limit=limit)
+        # The Airflow UI sits where this app's mount point ("/sluice") hangs from.
+        ui = prefix.removesuffix("/sluice") if prefix.endswith("/sluice") else ""
+        return windows_data(load_settings(), lambda page: f"{prefix}/docs/{quote(page)}", limit=limit,
+                            airflow_url=lambda path: f"{ui}{path}")
 
     @app.get("/api/streams")
     def api_streams(hours: float = Query(24, gt=0, le=24 * 366)) -> dict[str, Any]:

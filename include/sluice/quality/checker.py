@@ -35,6 +35,7 @@ from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine, read_selected_rows
 from sluice.storage.ledger import (
     LedgerRow,
+    airflow_task,
     next_version,
     pending_windows,
     read_ledger,
@@ -398,6 +399,7 @@ class QualityChecker:
             # backfill or correction fixes it in its plan, as the ledger may already hold it when a rerun
             # resumes one killed after this step (+1 again would be a new round: a second alert).
             row.attempt = rounds.get(window) or (row.attempt or 0) + 1
+            row.validated_by = airflow_task()
             # The ledger keeps the late count its row was closed (or rebuilt) with: late records that landed
             # since are amendments (sluice.streaming.corrections), not silently part of the window. The
             # lateness expectation above counts them all.

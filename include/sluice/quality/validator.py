@@ -39,6 +39,7 @@ from urllib.parse import unquote, urlparse
 import pandas as pd
 
 from sluice.checks import Check
+from sluice.quality.docs_assets import make_offline
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
     from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
@@ -419,6 +420,7 @@ class WindowValidator:
         self._context.build_data_docs(site_names=[SITE_NAME], resource_identifiers=resources or None,
                                       build_index=True)
         self._pending.clear()
+        make_offline(self.docs_dir)  # the pages load their CSS and JS from the docs folder, not from CDNs
         return self.docs_dir / "index.html"
 
 

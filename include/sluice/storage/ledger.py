@@ -20,6 +20,7 @@ time-travels to.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
@@ -66,6 +67,10 @@ WINDOW_LEDGER = TableDef(
             # Of the window's DLQ records, how many gold holds: those a backfill or correction with the late
             # data rebuilt it with (0 otherwise). The lateness check counts only the others (SPEC 5).
             StructField("late_in_gold", LongType(), True),
+            # The Airflow task that closed the window, and the one that last validated it (JSON: dag_id,
+            # run_id, task_id, try_number; null outside Airflow), for the ledger page's links.
+            StructField("closed_by", StringType(), True),
+            StructField("validated_by", StringType(), True),
         ]
     ),
 )
@@ -96,6 +101,8 @@ class LedgerRow:
     attempt: int = 0
     gold_versions: str | None = None
     late_in_gold: int = 0
+    closed_by: str | None = None
+    validated_by: str | None = None
 
     @property
     def key(self) -> tuple[str, datetime, datetime]:
@@ -104,6 +111,19 @@ class LedgerRow:
     @property
     def window(self) -> Window:
         return (self.window_start, self.window_end)
+
+
+#: The Airflow task context a task runner exports (and spark-submit passes on to its driver).
+_AIRFLOW_TASK = {"dag_id": "AIRFLOW_CTX_DAG_ID", "run_id": "AIRFLOW_CTX_DAG_RUN_ID", "task_id": "AIRFLOW_CTX_TASK_ID",
+                 "try_number": "AIRFLOW_CTX_TRY_NUMBER"}
+
+
+def airflow_task() -> str | None:
+    """The Airflow task this process runs for, as the ledger's ``closed_by`` / ``validated_by`` hold it (JSON);
+    None outside Airflow (the CLI)."""
+    if not os.environ.get(_AIRFLOW_TASK["run_id"]):
+        return None
+    return json.dumps({key: os.environ.get(var) for key, var in _AIRFLOW_TASK.items()}, sort_keys=True)
 
 
 def format_gold_versions(versions: Mapping[str, tuple[int, int]]) -> str | None:

@@ -63,7 +63,7 @@ from sluice.ingest.landing import load_state
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, next_version, read_ledger, write_ledger
+from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version, read_ledger, write_ledger
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -661,6 +661,7 @@ class PipelineRunner:
                         late_rows=late.get(window, 0),
                         closed_at=now,
                         updated_at=now,
+                        closed_by=airflow_task(),
                     )
                 )
         write_ledger(self.settings, self.engine, rows, app_id=app_id, version=version)
