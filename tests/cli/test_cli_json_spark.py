@@ -58,7 +58,10 @@ def test_run_json_with_failing_windows_then_alerts_and_status(tmp_path: Path) ->
     assert run.returncode == 2, run.stderr[-3000:]
     doc = json.loads(run.stdout)  # stdout is exactly one JSON document: logs and JVM output went to stderr
     assert list(doc) == ["pipeline", "outcome", "exit_code", "now", "seconds", "streams", "windows_closed",
-                         "windows_amended", "windows_corrected", "quality"]
+                         "windows_amended", "windows_corrected", "quality", "alerts"]
+    # --no-deliver: one alert per failed window, recorded and not sent.
+    failed = doc["quality"]["failed"]
+    assert failed and doc["alerts"] == {"sent": 0, "no_channel": 0, "pending": len(failed)}
     assert doc["windows_amended"] == doc["windows_corrected"] == []
     assert doc["pipeline"] == PIPELINE and doc["outcome"] == "checks_failed" and doc["exit_code"] == 2
     assert doc["now"] == "2024-05-01T02:00:00Z"
@@ -108,7 +111,8 @@ def test_backfill_and_check_json(spark: SparkSession, tmp_path: Path, capsys: py
                                 "--end", "2024-05-01T01:00:00Z", "--now", "2024-05-01T02:00:00Z", "--json")
     assert code == 0
     assert list(backfill) == ["pipeline", "outcome", "exit_code", "start", "end", "include_late", "seconds",
-                              "windows", "rows", "skipped_open", "gold_versions", "late_waiting", "quality"]
+                              "windows", "rows", "skipped_open", "gold_versions", "late_waiting", "quality",
+                              "alerts"]
     assert backfill["outcome"] == "passed" and backfill["exit_code"] == 0
     assert (backfill["start"], backfill["end"], backfill["include_late"]) == (
         "2024-05-01T00:00:00Z", "2024-05-01T01:00:00Z", False)
@@ -120,4 +124,5 @@ def test_backfill_and_check_json(spark: SparkSession, tmp_path: Path, capsys: py
     assert code == 0
     assert check == {"pipeline": PIPELINE, "outcome": "passed", "exit_code": 0,
                      "quality": {"checked": 0, "passed": 0, "failed": [], "data_docs": check["quality"]["data_docs"],
-                                 "alerts_sent_via": []}}
+                                 "alerts_sent_via": []},
+                     "alerts": {"sent": 0, "no_channel": 0, "pending": 0}}

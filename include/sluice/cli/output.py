@@ -162,8 +162,8 @@ def backfill_data(result: BackfillResult, exit_code: int) -> dict[str, Any]:
         "skipped_open": [window(s, e) for s, e in result.skipped_open],
         "gold_versions": {table: list(pair) for table, pair in sorted(result.gold_versions.items())},
         "late_waiting": [{**window(s, e), "late_waiting": n} for (s, e), n in sorted(result.late_waiting.items())],
-        "alerts": alerts_data(result.alerts),
         "quality": quality_data(result.quality),
+        "alerts": alerts_data(result.alerts),
     }
 
 
