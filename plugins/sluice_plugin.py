@@ -3,7 +3,9 @@
 Mounts a small FastAPI app on the API server at ``/sluice`` (see ``sluice.airflow.web``; every route needs
 an Airflow user who may read DAGs):
 
-* ``/sluice/ledger``: windows by state per pipeline, watermark and lag per stream, records per hour;
+* ``/sluice/ledger``: a status bar of windows per pipeline (with failed checks, links to the DAG runs that
+  closed and validated them, and backfill / re-check actions through Airflow's REST API as the user),
+  watermark and lag per stream, records per hour;
 * ``/sluice/api/...``: the JSON behind it (``/sluice/api/status`` is ``sluice status --json``);
 * ``/sluice/docs/...`` serves the Great Expectations Data Docs from ``$SLUICE_HOME/data_docs``;
 * ``/sluice/status`` returns ``sluice status`` (watermarks, ledger, row counts) as plain text;

@@ -1,7 +1,8 @@
 """The web app behind the Airflow plugin, mounted on the API server at ``/sluice``:
 
-* ``/ledger``: the window-ledger page (windows by state per pipeline, watermark and lag per stream, records
-  per hour), static HTML whose script reads the JSON API below;
+* ``/ledger``: the window-ledger page (a status bar of windows per pipeline, watermark and lag per stream,
+  records per hour), static HTML whose script reads the JSON API below and triggers ``sluice_backfill``
+  through Airflow's own REST API with the user's session (so Airflow, not this app, decides who may act);
 * ``/api/status`` (the document of ``sluice status --json``), ``/api/windows``, ``/api/streams``;
 * ``/docs/...``: the Great Expectations Data Docs; ``/status``: ``sluice status`` as plain text.
 
