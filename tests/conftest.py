@@ -26,6 +26,17 @@ from sluice.config import Settings, load_settings
 from sluice.core.spark import get_spark
 
 
+@pytest.fixture(autouse=True)
+def _no_airflow_task_context() -> Iterator[None]:
+    """``dag.test()`` runs tasks in this process, and Airflow's task runner exports each task's context
+    (``AIRFLOW_CTX_*``) into ``os.environ``, where it would stay for later tests and their subprocesses: their
+    ledger rows would name a DAG run that is long over (``closed_by``). An Airflow worker runs each task in a
+    process of its own."""
+    yield
+    for key in [k for k in os.environ if k.startswith("AIRFLOW_CTX_")]:
+        del os.environ[key]
+
+
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     home = tmp_path_factory.mktemp("spark-home")

@@ -123,8 +123,9 @@ def test_the_page_is_served(client: TestClient) -> None:
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     # Relative API URLs, so that the page works wherever the app is mounted.
-    for path in ('"api/status"', '"api/windows"', '"api/streams"'):
+    for path in ('getJson("api/status")', "getJson(`api/windows?", 'getJson("api/streams")'):
         assert path in response.text
+    assert "/sluice/api" not in response.text
 
 
 # -- the JSON behind the page ----------------------------------------------------------------------------------

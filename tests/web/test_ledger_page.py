@@ -67,8 +67,8 @@ W3 = "2024-05-01T03:00:00Z"
 def _env(**extra: str) -> dict[str, str]:
     """The test process's environment without sluice settings, connections or proxies from the shell."""
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("SLUICE_", "AIRFLOW_CONN_")) and k.lower() not in ("http_proxy", "https_proxy",
-                                                                                  "all_proxy")}
+           if not k.startswith(("SLUICE_", "AIRFLOW_CONN_", "AIRFLOW_CTX_"))
+           and k.lower() not in ("http_proxy", "https_proxy", "all_proxy")}
     return {**env, "TZ": "UTC", "PYSPARK_PYTHON": sys.executable, "PATH": f"{BIN}{os.pathsep}{env.get('PATH', '')}",
             **extra}
 
