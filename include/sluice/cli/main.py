@@ -170,8 +170,7 @@ def cmd_check(args: argparse.Namespace) -> Output:
     alerts = alerts_recorded_since(settings, args.pipeline, outbox)
     lines = [f"data quality {args.pipeline}: {len(report.checked) - len(report.failed)} passed, "
              f"{len(report.failed)} failed; Data Docs: {report.docs_index or '-'}"]
-    for (start, _end), failures in sorted(report.failed.items()):
-        lines.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+    lines += report.failure_lines()
     lines += alerts.render()
     # Failing windows are recorded and alerted; only --strict turns them into a failing exit code.
     code = EXIT_DQ_FAILED if report.failed and args.strict else EXIT_OK

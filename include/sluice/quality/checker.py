@@ -74,6 +74,11 @@ class QualityReport:
     def ok(self) -> bool:
         return not self.failed
 
+    def failure_lines(self) -> list[str]:
+        """One line per failed window, oldest first: ``  FAILED 2024-05-01 10:00: check (observed), ...``."""
+        return [f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures)
+                for (start, _end), failures in sorted(self.failed.items())]
+
 
 def docs_dir(settings: Settings) -> Path:
     return settings.home / "data_docs"

@@ -91,8 +91,7 @@ class CycleResult:
             q = self.quality
             parts.append(f"data quality: {len(q.checked) - len(q.failed)} window(s) passed, {len(q.failed)} failed"
                          + (f"; Data Docs: {q.docs_index}" if q.docs_index else ""))
-            for (start, _end), failures in sorted(q.failed.items()):
-                parts.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+            parts += q.failure_lines()
         parts += self.alerts.render()
         return "\n".join(parts)
 

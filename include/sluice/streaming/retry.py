@@ -86,8 +86,7 @@ class RetryResult:
         q = self.quality
         if q is not None:
             lines.append(f"  data quality: {len(q.checked) - len(q.failed)} passed, {len(q.failed)} still failing")
-            for (start, _end), failures in sorted(q.failed.items()):
-                lines.append(f"  FAILED {start:%Y-%m-%d %H:%M}: " + ", ".join(f"{e} ({v})" for e, v in failures))
+            lines += q.failure_lines()
         lines += [f"  {line}" for line in self.alerts.render()]
         return "\n".join(lines)
 
