@@ -4,6 +4,8 @@ PYTHON ?= python3.11
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# The pinned jars (include/sluice/core/jars.lock) are fetched into a per-machine cache, once.
+JARS_STAMP := $(VENV)/.jars
 export SLUICE_HOME ?= $(CURDIR)/.sluice
 export PYSPARK_PYTHON := $(CURDIR)/$(BIN)/python
 export PYSPARK_DRIVER_PYTHON := $(CURDIR)/$(BIN)/python
@@ -32,7 +34,7 @@ chromium-check:
 	  echo "WARNING: no chromium (and no apt-get to install it): tests/web/test_ledger_page.py will fail"
 
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
-setup: java-check chromium-check $(STAMP)
+setup: java-check chromium-check $(STAMP) $(JARS_STAMP)
 	@# Older set-ups wrote a .pth that changed os.environ in every Python process of the venv: remove it.
 	@rm -f $(VENV)/lib/python*/site-packages/zz_sluice_airflow.pth
 $(STAMP): requirements.txt pyproject.toml
@@ -42,6 +44,12 @@ $(STAMP): requirements.txt pyproject.toml
 	$(BIN)/pip install --quiet -r requirements.txt
 	$(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
+
+# Delta's connector and the s3a file system from Maven Central, each checked against its pinned sha256 into
+# ~/.cache/sluice/jars (SLUICE_JARS_DIR); Spark starts offline after this.
+$(JARS_STAMP): include/sluice/core/jars.lock $(STAMP)
+	$(BIN)/python -m sluice.core.jars fetch
+	touch $(JARS_STAMP)
 
 run: setup
 	$(BIN)/sluice demo

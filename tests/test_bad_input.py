@@ -327,6 +327,7 @@ def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -
     stream's tables. Ingest now takes the stream's lock, which a cycle holds while it ingests that stream."""
     import subprocess
     import sys
+    import threading
     import time
 
     from sluice.config import load_settings
@@ -342,13 +343,21 @@ def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -
                  "PYSPARK_PYTHON": sys.executable},
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )
-        # Long enough for the JVM to start and ingest if it did not wait (it takes ~10-20 s here).
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and proc.poll() is None:
-            time.sleep(1)
+        # It says that it waits (on stderr) as soon as it finds the lock taken, and then it must stay put.
+        assert proc.stderr is not None
+        said: list[str] = []
+        reader = threading.Thread(target=lambda: said.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+        reader.start()
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and proc.poll() is None and not any("waiting" in s for s in said):
+            time.sleep(0.2)
+        assert any("waiting for the stream lock held by pid" in s for s in said), "".join(said)[-2000:]
+        time.sleep(5)  # a run that ignored the lock would be writing bronze by now, or have failed
         assert proc.poll() is None, "sluice ingest did not wait for the stream lock"
         assert not DeltaTable.is_deltatable(str(settings.lake / "bronze/impressions"))
-    _out, err = proc.communicate(timeout=600)
+    assert proc.wait(timeout=600) == 0
+    reader.join(timeout=10)
+    err = "".join(said)
     assert proc.returncode == 0, err[-2000:]
     assert "waiting for the stream lock held by pid" in err and "a cycle in another process" in err
     assert bronze_ids(settings, "impressions") == ["a"]

@@ -4,8 +4,8 @@
   (compose-spec/compose-spec ``schema/compose-spec.json``), as vendored by ``check-jsonschema``
   (pinned in requirements.txt) and selected with ``--builtin-schema vendor.compose-spec``.
 * Semantics the schema cannot see: the services sluice needs, one lake volume at one path for drivers
-  and executors, native Delta everywhere Spark runs, Delta jars baked into the Spark image, and build
-  paths that exist.
+  and executors, native Delta everywhere Spark runs, both images fetching the Delta jars pinned in
+  include/sluice/core/jars.lock (and no Delta version of their own), and build paths that exist.
 """
 
 from __future__ import annotations
@@ -37,6 +37,9 @@ SPARK_SERVICES = ("spark-master", "spark-worker")
 SPARK_RUNNING = ("airflow-scheduler", *SPARK_SERVICES)
 INIT = "airflow-init"
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
+# The one list of sluice's JVM jars and the stdlib-only tool that fetches them; the images run the tool.
+JARS_TOOL = "include/sluice/core/jars.py"
+JARS_LOCK = "include/sluice/core/jars.lock"
 DELTA_CATALOG = "org.apache.spark.sql.delta.catalog.DeltaCatalog"
 
 
@@ -82,15 +85,51 @@ def _dockerfile(service: Mapping[str, Any]) -> tuple[Path, Path]:
 
 
 def _instructions(dockerfile: Path) -> list[tuple[str, str]]:
-    """(INSTRUCTION, arguments) with comments dropped and line continuations joined."""
+    """(INSTRUCTION, arguments) with comments dropped and line continuations joined. A heredoc's body
+    (``RUN python3 - <<'PY'`` ... ``PY``) belongs to its instruction, after a newline, so that its lines
+    (``import sys``, ``from x import y``) are not taken for instructions."""
     text = re.sub(r"\\\n", " ", dockerfile.read_text())
     out = []
-    for line in text.splitlines():
+    lines = iter(text.splitlines())
+    for line in lines:
         line = line.strip()
-        if line and not line.startswith("#"):
-            keyword, _, rest = line.partition(" ")
-            out.append((keyword.upper(), rest.strip()))
+        if not line or line.startswith("#"):
+            continue
+        keyword, _, rest = line.partition(" ")
+        for delimiter in re.findall(r"(?<!<)<<(?!<)-?\s*[\"']?(\w+)[\"']?", rest):
+            body = []
+            for body_line in lines:
+                if body_line.strip() == delimiter:
+                    break
+                body.append(body_line)
+            else:
+                raise AssertionError(f"{dockerfile}: heredoc {delimiter} is never closed")
+            rest = rest + "\n" + "\n".join(body)
+        out.append((keyword.upper(), rest.strip()))
     return out
+
+
+def _shell_commands(run: str) -> list[list[str]]:
+    """The commands of a RUN instruction's shell line (its heredoc body left out), split at ``&&``/``;``."""
+    commands: list[list[str]] = [[]]
+    for token in shlex.split(run.split("\n", 1)[0]):
+        if token in {"&&", ";", "||"}:
+            commands.append([])
+        else:
+            commands[-1].append(token)
+    return [command for command in commands if command]
+
+
+def _env_settings(dockerfile: Path) -> dict[str, str]:
+    """The ENV instructions' variables (``ENV A=1 B=2`` form), later ones winning."""
+    settings: dict[str, str] = {}
+    for keyword, rest in _instructions(dockerfile):
+        if keyword == "ENV":
+            for token in shlex.split(rest):
+                name, sep, value = token.partition("=")
+                if sep:
+                    settings[name] = value
+    return settings
 
 
 def _arg_defaults(dockerfile: Path) -> dict[str, str]:
@@ -284,43 +323,104 @@ def test_build_contexts_and_dockerfiles_exist(compose: dict[str, Any]) -> None:
                 assert (REPO / source).exists(), f"{name}: bind source {source} missing"
 
 
-def test_spark_image_bakes_in_the_delta_jars(compose: dict[str, Any]) -> None:
+def test_both_images_fetch_the_delta_jars_of_the_lock(compose: dict[str, Any]) -> None:
+    """Drivers (Airflow image) and anything started in the Spark image get delta-spark from jars.lock:
+    each image copies jars.py + jars.lock and runs ``jars.py fetch --set delta`` into its SLUICE_JARS_DIR,
+    the cache sluice's sessions read at run time. No Delta version of their own, no second copy in
+    $SPARK_HOME/jars."""
     services = _services(compose)
-    spark_dockerfile = _dockerfile(services["spark-worker"])[1]
-    assert spark_dockerfile == REPO / "docker/spark/Dockerfile"
-    assert _dockerfile(services["spark-master"])[1] == spark_dockerfile
-    airflow_dockerfile = _dockerfile(services["airflow-scheduler"])[1]
-    installer = REPO / "docker/delta/install-delta-jars.sh"
-    script = installer.read_text()
+    users = {
+        REPO / "docker/airflow/Dockerfile": (INIT, *AIRFLOW_COMMANDS),
+        REPO / "docker/spark/Dockerfile": SPARK_SERVICES,
+    }
+    for dockerfile, names in users.items():
+        assert {_dockerfile(services[name])[1] for name in names} == {dockerfile}, names
 
-    # Both images (driver and executor classpaths) run the installer with the same coordinates.
-    args = {services[name]["build"]["args"]["DELTA_SPARK_ARTIFACT"] for name in (*SPARK_SERVICES, *AIRFLOW_COMMANDS)}
-    versions = {services[name]["build"]["args"]["DELTA_VERSION"] for name in (*SPARK_SERVICES, *AIRFLOW_COMMANDS)}
-    assert len(args) == 1 and len(versions) == 1, (args, versions)
-    artifact, delta_version = args.pop(), versions.pop()
-    for dockerfile in (spark_dockerfile, airflow_dockerfile):
-        defaults = _arg_defaults(dockerfile)
-        assert (defaults["DELTA_SPARK_ARTIFACT"], defaults["DELTA_VERSION"]) == (artifact, delta_version)
-        runs = " ".join(rest for keyword, rest in _instructions(dockerfile) if keyword == "RUN")
-        assert "install-delta-jars.sh" in runs, dockerfile
-        assert any(
-            keyword == "COPY" and "docker/delta/install-delta-jars.sh" in rest
-            for keyword, rest in _instructions(dockerfile)
-        ), dockerfile
+    # No Delta version outside the lock: no x-delta-* anchor, no Delta build args.
+    assert not [key for key in compose if "delta" in key.lower()], list(compose)
+    for name, service in services.items():
+        build = service.get("build")
+        args = (build.get("args") if isinstance(build, dict) else None) or {}
+        assert not [arg for arg in args if "DELTA" in str(arg).upper()], (name, args)
 
-    # The artifact is the delta-spark build for the Spark minor the project pins (Scala 2.13).
-    match = re.fullmatch(r"delta-spark_(\d+\.\d+)_2\.13", artifact)
-    assert match, artifact
-    assert match.group(1) == ".".join(_pin("pyspark").split(".")[:2]), (artifact, _pin("pyspark"))
-    assert re.fullmatch(r"\d+\.\d+\.\d+", delta_version)
+    jar_dirs = set()
+    for dockerfile, names in users.items():
+        instructions = _instructions(dockerfile)
+        assert not [name for name in _arg_defaults(dockerfile) if "DELTA" in name], dockerfile
+        assert not [rest for _, rest in instructions if "install-delta-jars" in rest], dockerfile
 
-    # The installer resolves delta-spark and delta-storage into $SPARK_HOME/jars and checks both landed;
-    # the Spark image's SPARK_HOME is /opt/spark.
-    assert "io.delta:${DELTA_SPARK_ARTIFACT}:${DELTA_VERSION}" in script
-    assert "io.delta:delta-storage:${DELTA_VERSION}" in script
-    assert 'jars_dir="${SPARK_HOME}/jars"' in script
-    assert "delta-storage-${DELTA_VERSION}.jar" in script
-    assert "SPARK_HOME=/opt/spark" in spark_dockerfile.read_text()
+        # jars.py and jars.lock copied side by side (jars.py reads the jars.lock next to itself).
+        copies = [
+            (index, [part for part in rest.split() if not part.startswith("--")])
+            for index, (keyword, rest) in enumerate(instructions)
+            if keyword == "COPY" and JARS_TOOL in rest.split()
+        ]
+        assert len(copies) == 1, (dockerfile, copies)
+        copied_at, parts = copies[0]
+        assert JARS_LOCK in parts[:-1], (dockerfile, parts)
+        assert parts[-1].endswith("/"), (dockerfile, parts)
+        tool = parts[-1] + "jars.py"
+
+        # SLUICE_JARS_DIR set by ENV (so it holds at run time too) before the fetch.
+        env_at = [i for i, (k, rest) in enumerate(instructions) if k == "ENV" and "SLUICE_JARS_DIR=" in rest]
+        jars_dir = _env_settings(dockerfile).get("SLUICE_JARS_DIR", "")
+        assert env_at and jars_dir.startswith("/"), (dockerfile, jars_dir)
+        jar_dirs.add(jars_dir)
+
+        fetches = [
+            (index, command, commands)
+            for index, (keyword, rest) in enumerate(instructions)
+            if keyword == "RUN"
+            for commands in [_shell_commands(rest)]
+            for command in commands
+            if command[:3] in (["python3", tool, "fetch"], ["python", tool, "fetch"])
+        ]
+        assert len(fetches) == 1, (dockerfile, fetches)
+        fetched_at, fetch, commands = fetches[0]
+        assert copied_at < fetched_at and env_at[0] < fetched_at, dockerfile
+        sets = [fetch[i + 1] for i, token in enumerate(fetch) if token == "--set"]
+        assert "delta" in sets, fetch
+        # Only what jars.lock names (locked() rejects unknown sets), and only into SLUICE_JARS_DIR.
+        from sluice.core.jars import locked
+
+        assert locked(sets), sets
+        assert not [token for token in fetch if token.startswith("--into")], fetch
+        # The containers run as AIRFLOW_UID (any uid, gid 0): the jars must be readable by all.
+        readable = ["chmod", "-R", "a+rX"]
+        assert [c[3:] for c in commands if c[:3] == readable] in ([[jars_dir]], [["${SLUICE_JARS_DIR}"]]), commands
+        # Nothing else puts jars on $SPARK_HOME's classpath.
+        for keyword, rest in instructions:
+            if keyword in {"RUN", "COPY"}:
+                assert not re.search(r"(SPARK_HOME\}?|/opt/spark|pyspark)/jars\b", rest), (dockerfile, rest)
+
+        # No bind mount or volume hides the image's cache, and compose does not point elsewhere.
+        for name in names:
+            for _kind, _source, target in _mounts(services[name]):
+                assert not (jars_dir + "/").startswith(target.rstrip("/") + "/"), (name, target, jars_dir)
+            assert _env(services[name]).get("SLUICE_JARS_DIR", jars_dir) == jars_dir, name
+    assert len(jar_dirs) == 1, jar_dirs
+
+
+def test_the_locked_delta_jars_match_the_pinned_spark_and_delta_spark() -> None:
+    """The delta-spark jar in jars.lock is Delta's build for the Spark minor requirements.txt pins for
+    pyspark (Delta names its artifacts delta-spark_<spark major.minor>_<scala> since 4.x; Spark 4 is Scala
+    2.13 only), of the same release as delta-storage and as the delta-spark Python package."""
+    from sluice.core.jars import locked
+
+    jars = locked(["delta"])
+    assert {jar.group for jar in jars} == {"io.delta"}, jars
+    builds = [m for jar in jars if (m := re.fullmatch(r"delta-spark_(\d+\.\d+)_(\d+\.\d+)", jar.artifact))]
+    assert len(builds) == 1, [jar.coordinate for jar in jars]
+    spark_minor, scala = builds[0].groups()
+    pyspark = _pin("pyspark")
+    assert spark_minor == ".".join(pyspark.split(".")[:2]), (builds[0].string, pyspark)
+    assert scala == "2.13", builds[0].string
+    assert {jar.artifact for jar in jars} == {builds[0].string, "delta-storage"}, jars
+    versions = {jar.version for jar in jars}
+    assert len(versions) == 1, versions
+    delta_version = versions.pop()
+    assert re.fullmatch(r"\d+\.\d+\.\d+", delta_version), delta_version
+    assert delta_version == _pin("delta-spark"), (delta_version, _pin("delta-spark"))
 
 
 def test_driver_and_executor_python_match() -> None:

@@ -62,9 +62,9 @@ class Settings:
     catchup_min_windows: int = 6
     spark_master: str = "local[2]"
     driver_memory: str = "2g"
-    # The Delta engine behind the one seam: rs (delta-rs), native (delta-spark jars) or auto (native when
-    # its classes are on the classpath).
-    delta_engine: str = "auto"
+    # The Delta engine behind the one seam: rs (delta-rs from the driver) or native (delta-spark, whose jars
+    # every session carries).
+    delta_engine: str = "rs"
     # sluice_maintenance's vacuum keeps unreferenced files this long (never less than a day).
     vacuum_retention_hours: int = 168
     # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
@@ -292,7 +292,7 @@ def _timestamp(value: Any, key: str) -> datetime:
 
 
 STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
-DELTA_ENGINES = ("rs", "native", "auto")
+DELTA_ENGINES = ("rs", "native")
 MIN_RETENTION_HOURS = 24
 
 # Global keys: YAML ``key`` or environment ``SLUICE_<KEY>``.

@@ -234,3 +234,37 @@ def webhook_fixture() -> Iterator[WebhookServer]:
 def smtp_server_fixture() -> Iterator[SmtpServer]:
     with serve_smtp() as server:
         yield server
+
+
+# -- a Maven repository ------------------------------------------------------------------------------------
+
+
+@dataclass
+class FileServer:
+    url: str
+    paths: list[str] = field(default_factory=list)  # every GET's path, in order
+
+
+@contextlib.contextmanager
+def serve_directory(root: Any) -> Iterator[FileServer]:
+    """A static HTTP server on 127.0.0.1 for the files under ``root`` (a Maven repository's layout), recording
+    each request's path; 404 for what is not there."""
+    from functools import partial
+    from http.server import SimpleHTTPRequestHandler
+
+    state = FileServer(url="")
+
+    class Handler(SimpleHTTPRequestHandler):
+        timeout = SOCKET_TIMEOUT
+
+        def do_GET(self) -> None:
+            state.paths.append(self.path)
+            super().do_GET()
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Handler, directory=str(root)))
+    state.url = f"http://127.0.0.1:{server.server_address[1]}"
+    with _serving(server):
+        yield state

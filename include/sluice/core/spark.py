@@ -131,7 +131,30 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # a Spark job with one task per file by default: 2.4 s on local[2] for the cycle after a 672-file
         # catch-up batch, for what is I/O on a handful of directories. A few listing tasks are enough.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(LISTING_TASKS),
+        **delta_conf(),
     }
+
+
+def delta_conf() -> dict[str, str]:
+    """Delta Lake's connector (delta-spark) in every session: its pinned jars from the machine's cache
+    (``make setup`` fetched them; :class:`sluice.core.jars.MissingJarsError` names that command when they
+    are missing), and its SQL extension and catalog, so that ``format("delta")``, ``DeltaTable.forPath``
+    and ``delta.`<uri>``` SQL all work in sluice's sessions as in any Spark shop's. The spark-submit tasks
+    of the DAGs pass the same jars with ``--jars`` (:func:`delta_jars`)."""
+    return {
+        "spark.jars": delta_jars(),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # Delta replays a table's log with this many tasks (default 50): sluice's tables have short logs
+        # that it checkpoints, and 50 tasks per snapshot cost seconds per operation on a few cores.
+        "spark.databricks.delta.snapshotPartitions": "2",
+    }
+
+
+def delta_jars() -> str:
+    from sluice.core.jars import jar_paths
+
+    return ",".join(str(p) for p in jar_paths(("delta",)))
 
 
 # Tasks of a file-listing job (Spark's default is one per path, up to 10,000): enough to list an object

@@ -626,21 +626,17 @@ def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str |
 def get_engine(
     spark: SparkSession, choice: str | None = None, *, properties: Mapping[str, str] | None = None
 ) -> DeltaEngine:
-    """Pick the engine: ``choice`` (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``) is
-    ``rs`` | ``native`` | ``auto`` (default).
-
-    ``auto`` uses the native delta-spark connector when its classes are on the JVM classpath (the
-    docker-compose Spark image) and delta-rs otherwise. ``properties``: the Delta table properties new
-    tables get (``sluice.storage.tables.table_properties(settings)``).
-    """
+    """The engine ``choice`` names (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``):
+    ``rs`` (delta-rs, from the driver) or ``native`` (delta-spark). ``properties``: the Delta table
+    properties new tables get (``sluice.storage.tables.table_properties(settings)``)."""
     if choice is None:
         from sluice.config import load_settings
 
         choice = load_settings().delta_engine
     choice = choice.lower()
-    if choice not in {"rs", "native", "auto"}:
-        raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native, auto")
-    if choice == "native" or (choice == "auto" and _native_available(spark)):
+    if choice not in {"rs", "native"}:
+        raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native")
+    if choice == "native":
         from sluice.storage.native import NativeDeltaEngine
 
         return NativeDeltaEngine(spark, properties)
@@ -652,15 +648,3 @@ def engine_for(spark: SparkSession, settings: Settings) -> DeltaEngine:
     from sluice.storage.tables import table_properties
 
     return get_engine(spark, settings.delta_engine, properties=table_properties(settings))
-
-
-def _native_available(spark: SparkSession) -> bool:
-    jvm = getattr(spark.sparkContext, "_jvm", None)
-    if jvm is None:
-        return False
-    try:
-        jvm.java.lang.Class.forName("io.delta.sql.DeltaSparkSessionExtension")
-    except Exception:
-        return False
-    extensions = spark.conf.get("spark.sql.extensions", "") or ""
-    return "DeltaSparkSessionExtension" in extensions

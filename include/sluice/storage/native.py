@@ -11,7 +11,8 @@ too: their rows never were a Spark job, and delta-rs lets ``replace_rows`` merge
 snapshot and retry on a concurrent commit (a delta-spark overwrite would start from a newer snapshot
 than the rows it merged, and drop what was committed in between).
 
-This machine cannot download the connector, so this class is exercised only where the jars exist.
+Every Spark session carries the connector's jars (``sluice.core.jars``, fetched by ``make setup``); the
+engine-contract tests (tests/delta/test_engine.py) run on this engine and on delta-rs's.
 """
 
 from __future__ import annotations
@@ -110,17 +111,8 @@ class NativeDeltaEngine:
     ) -> bool:
         if self._done(path, app_id, version):
             return False
-        table = DeltaTable(str(path))
-        partitions = table.metadata().partition_columns
-        chosen = [p for p in table.partitions() if files is None or files(p)] if partitions else []
-        if files is None or not partitions:
-            condition = "true"
-        elif not chosen:
-            condition = "false"
-        else:
-            condition = " OR ".join(
-                "(" + " AND ".join(f"`{k}` = '{v}'" for k, v in p.items()) + ")" for p in chosen
-            )
+        chosen = None if files is None else self._partitions(path, files)
+        condition = "true" if chosen is None else _any_of(chosen)
         current = self.spark.read.format("delta").load(str(path)).where(condition)
         rewritten = keep(current).unionByName(df)
         (
@@ -135,14 +127,21 @@ class NativeDeltaEngine:
         df = self.spark.read.format("delta").load(str(path))
         if files is None:
             return df
+        chosen = self._partitions(path, files)
+        return df if chosen is None else df.where(_any_of(chosen))
+
+    def schema(self, path: Path) -> StructType:
+        return self.spark.read.format("delta").load(str(path)).schema
+
+    @staticmethod
+    def _partitions(path: Path, files: PartitionPredicate) -> list[dict[str, Any]] | None:
+        """The partitions whose typed values (date, int: what the predicates compare) ``files`` chooses;
+        None for an unpartitioned table (the predicate cannot choose among its files)."""
         table = DeltaTable(str(path))
-        chosen = [p for p in table.partitions() if files(p)]
-        if not chosen:
-            return df.limit(0)
-        condition = " OR ".join(
-            "(" + " AND ".join(f"`{k}` = '{v}'" for k, v in p.items()) + ")" for p in chosen
-        )
-        return df.where(condition)
+        if not table.metadata().partition_columns:
+            return None
+        distinct = {tuple(sorted(values.items())): values for _rel, values, _size in RsDeltaEngine._files(table, None)}
+        return [values for _key, values in sorted(distinct.items(), key=lambda kv: repr(kv[0])) if files(values)]
 
     def read_stream(
         self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
@@ -158,3 +157,18 @@ class NativeDeltaEngine:
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         return self._meta.history_metadata(path, limit)
+
+
+def _literal(value: Any) -> str:
+    text = str(value).replace("\\", "\\\\").replace("'", "\\'")
+    return f"'{text}'"
+
+
+def _any_of(partitions: Sequence[Mapping[str, Any]]) -> str:
+    """A SQL predicate (for ``replaceWhere`` and reads) matching exactly these partitions; ``false`` for none."""
+    if not partitions:
+        return "false"
+    return " OR ".join(
+        "(" + " AND ".join(f"`{k}` IS NULL" if v is None else f"`{k}` = {_literal(v)}" for k, v in p.items()) + ")"
+        for p in partitions
+    )
