@@ -2,10 +2,11 @@
 
 Reads the landing JSON files directly (explicit schema), dedups ids within the watermark, joins impressions
 LEFT OUTER clicks within [impression, impression + 30 min], aggregates per impression and then per hourly
-tumbling window and ad, and writes Parquet with ``trigger(availableNow=True)``. A second query counts the
-clicks that matched no impression (as sluice's ``unmatched_clicks_hourly`` does), so both sides do the same
-work. Nothing else: no quarantine, no DLQ, no Delta, no ledger, no data quality, no heartbeats (so windows
-the data's own watermark has not passed are not emitted).
+tumbling window and ad, and writes Delta through delta-spark (the sink a Spark shop would use; the jars and
+the Delta settings come with the Spark settings run.py passes) with ``trigger(availableNow=True)``. A second
+query counts the clicks that matched no impression (as sluice's ``unmatched_clicks_hourly`` does), so both
+sides do the same work. Nothing else: no quarantine, no DLQ, no bronze, no ledger, no data quality, no
+heartbeats (so windows the data's own watermark has not passed are not emitted).
 
     python bench/bare_spark_job.py --landing DIR --out DIR [--master local[2]] [--conf-json '{...}']
 """
@@ -93,7 +94,7 @@ def main() -> int:
     for name, frame in (("ad_clicks_hourly", ad_clicks), ("unmatched_clicks_hourly", unmatched)):
         started = time.monotonic()
         query = (
-            frame.writeStream.format("parquet")
+            frame.writeStream.format("delta")
             .option("path", str(args.out / name))
             .option("checkpointLocation", str(args.out / "_checkpoints" / name))
             .outputMode("append")

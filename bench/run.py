@@ -4,11 +4,11 @@
 Stages, each run in a FRESH subprocess (so every one pays the same interpreter + JVM start), alternated and
 repeated ``--repeat`` times:
 
-  bare_spark     (a) bench/bare_spark_job.py: hand-written Structured Streaming, availableNow, Parquet sink
+  bare_spark     (a) bench/bare_spark_job.py: hand-written Structured Streaming, availableNow, delta-spark sink
   cycle          (b) ``sluice run ad_clicks_hourly --now <after the data>`` on a fresh SLUICE_HOME copy
   backfill       (c) ``sluice backfill ad_clicks_hourly --start .. --end ..`` on the home (b) produced
   noop_cycle         ``sluice run`` again on that home with the same --now: the steady-state fixed cost
-  spark_batch    (d) bench/spark_batch.py: the same logic as a plain Spark batch query
+  spark_batch    (d) bench/spark_batch.py: the same logic as a plain Spark batch query, delta-spark sink
   duckdb         (e) bench/duckdb_floor.py: the same logic in DuckDB, the single-machine floor
   empty_cycle        ``sluice run`` on an empty landing zone (fresh home)
   empty_job          bench/empty_job.py: SparkSession + one trivial job, nothing else
@@ -660,7 +660,7 @@ class Bench:
             sys.executable, str(BENCH / "bare_spark_job.py"), "--landing", str(landing), "--out", str(out),
             *self.spark_args(),
         ])
-        self._check("bare_spark", data, "parquet", out)
+        self._check("bare_spark", data, "delta", out)
         if keep and run.rc == 0:
             self.caught_up["bare"] = out.parent
         elif not keep:
@@ -673,7 +673,7 @@ class Bench:
             sys.executable, str(BENCH / "spark_batch.py"), "--landing", data.landing, "--out", str(out),
             *self.spark_args(),
         ])
-        self._check("spark_batch", data, "parquet", out)
+        self._check("spark_batch", data, "delta", out)
         shutil.rmtree(out, ignore_errors=True)
         return run
 
@@ -856,7 +856,7 @@ class Bench:
                 else:
                     self._bare_run("incr_bare", per_increment, i, bare, details)
         self._check_key("incr_cycle@steady", "delta", home / "lake" / "gold")
-        self._check_key("incr_bare@steady", "parquet", bare / "out")
+        self._check_key("incr_bare@steady", "delta", bare / "out")
         first = end + timedelta(minutes=INCREMENT_MINUTES * args.increments)
         self.dag_runs(home, bare, increments, first, per_increment, ref.hours + args.increments / 4)
         if not args.keep:

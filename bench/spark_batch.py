@@ -2,7 +2,8 @@
 
 Reads the landing JSON files (explicit schema), dedups ids, joins impressions LEFT OUTER clicks within
 [impression, impression + 30 min], aggregates per impression and then per hour and ad, counts unmatched
-clicks per hour and ad, and writes both results as Parquet. No streaming, no Delta, no data quality.
+clicks per hour and ad, and writes both results as Delta tables through delta-spark. No streaming, no
+bronze, no data quality.
 
     python bench/spark_batch.py --landing DIR --out DIR [--master local[2]] [--conf-json '{...}']
 """
@@ -76,7 +77,7 @@ def main() -> int:
     timings = {}
     for name, frame in (("ad_clicks_hourly", ad_clicks), ("unmatched_clicks_hourly", unmatched)):
         started = time.monotonic()
-        frame.coalesce(1).write.mode("overwrite").parquet(str(args.out / name))
+        frame.coalesce(1).write.format("delta").mode("overwrite").save(str(args.out / name))
         timings[f"{name}_s"] = round(time.monotonic() - started, 3)
     spark.stop()
     report(session_s=round(t_session - T0, 3), **timings)

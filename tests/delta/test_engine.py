@@ -8,6 +8,7 @@ import datetime as dt
 import glob
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,7 +38,8 @@ from pyspark.sql.types import (
 
 from sluice.config import Settings
 from sluice.storage import tables
-from sluice.storage.engine import DeltaEngine, RsDeltaEngine, get_engine
+from sluice.storage.engine import DeltaEngine, RsDeltaEngine
+from sluice.storage.engines import get_engine
 from sluice.storage.native import NativeDeltaEngine
 
 pytestmark = pytest.mark.spark
@@ -569,15 +571,31 @@ def _dl_table(ids: list[int], regions: list[str | None]) -> pa.Table:
     )
 
 
-@pytest.mark.parametrize("partition", ["region", "bucket"])
-def test_engine_reads_and_appends_to_deltalake_tables(
-    spark: SparkSession, engine: DeltaEngine, tmp_path: Path, partition: str
+_ESCAPED_SCHEMA = StructType(
+    [
+        StructField("id", LongType()),
+        StructField("region", StringType()),
+        StructField("bucket", IntegerType()),
+        StructField("ts", TimestampType()),
+    ]
+)
+
+
+@pytest.mark.parametrize(("writer", "partition"),
+                         [("deltalake", "region"), ("deltalake", "bucket"), ("delta-spark", "region")])
+def test_engine_reads_and_appends_to_tables_other_writers_made(
+    spark: SparkSession, engine: DeltaEngine, tmp_path: Path, writer: str, partition: str
 ) -> None:
+    """A team's own Delta table (written by deltalake, or by a plain delta-spark job) reads and takes appends."""
     path = tmp_path / f"by_{partition}"
     first = _dl_table([1, 2, 3, 4], ["eu", "us", "eu", None])
     second = _dl_table([5, 6], ["apac", "us"])
-    write_deltalake(str(path), first, partition_by=[partition])
-    write_deltalake(str(path), second, mode="append", partition_by=[partition])
+    for mode, data in (("append", first), ("append", second)):
+        if writer == "deltalake":
+            write_deltalake(str(path), data, mode=mode, partition_by=[partition])
+        else:
+            frame = spark.createDataFrame(data.to_pylist(), _ESCAPED_SCHEMA)
+            frame.write.format("delta").mode(mode).partitionBy(partition).save(str(path))
     expected = _sorted([*first.to_pylist(), *second.to_pylist()])
 
     df = engine.read(path)
@@ -596,16 +614,6 @@ def test_engine_reads_and_appends_to_deltalake_tables(
     assert _delta_rows(path) == expected
     assert _spark_rows(engine.read(path)) == expected
     assert _duckdb_rows(path) == expected
-
-
-_ESCAPED_SCHEMA = StructType(
-    [
-        StructField("id", LongType()),
-        StructField("region", StringType()),
-        StructField("bucket", IntegerType()),
-        StructField("ts", TimestampType()),
-    ]
-)
 
 
 @pytest.mark.parametrize("writer", ["engine", "deltalake"])
@@ -733,7 +741,7 @@ SMALL = StructType(
 
 
 def test_replace_rows_swaps_selected_rows_sorted_in_one_commit(engine: DeltaEngine, tmp_path: Path) -> None:
-    path = tmp_path / "ledger"
+    path = tmp_path / "ops" / "ledger"  # replace_rows is for the small ops tables
     engine.ensure_table(path, SMALL)
     h = [dt.datetime(2024, 5, 1, i, tzinfo=UTC) for i in range(4)]
     engine.replace_rows([("b", h[1], 1), ("a", h[2], 2), ("a", h[0], 3)], SMALL, path,
@@ -786,3 +794,48 @@ def test_read_small_table_reads_each_file_once_and_follows_the_snapshot(tmp_path
     assert cached() == fresh() == [{"id": 5}]
     write_deltalake(str(path), pa.table({"id": [6], "note": ["x"]}), mode="append", schema_mode="merge")
     assert cached() == fresh() == [{"id": 5, "note": None}, {"id": 6, "note": "x"}]
+
+
+def test_each_table_has_one_writing_engine_under_native(spark: SparkSession, tmp_path: Path) -> None:
+    """delta-spark writes the tables Spark computes, from their creation on; the ops tables stay on delta-rs."""
+    from sluice.core.jars import locked
+
+    engine = get_engine(spark, "native")
+    data, ops = tmp_path / "bronze" / "events", tmp_path / "ops" / "batches"
+    engine.ensure_table(data, SCHEMA, PARTS)
+    engine.append(_df(spark, [_row(1, 10)]), data, app_id="a", version=1)
+    engine.append_rows([_row(2, 11)], SCHEMA, data, app_id="a", version=2)
+    engine.replace(_df(spark, [_row(3, 11)]), data, keep=lambda df: df, files=lambda v: v["event_hour"] == 11,
+                   app_id="b", version=1)
+    engine.ensure_table(ops, SMALL)
+    engine.append_rows([("a", dt.datetime(2024, 5, 1, tzinfo=UTC), 1)], SMALL, ops, app_id="o", version=1)
+
+    def writers(path: Path) -> set[str]:
+        infos = [a["commitInfo"] for v in range(_version(path) + 1) for a in _log(path, v) if "commitInfo" in a]
+        return {i.get("engineInfo") or i.get("clientVersion", "?") for i in infos}
+
+    (connector,) = [j.version for j in locked(["delta"]) if j.artifact.startswith("delta-spark")]
+    spark_writers = writers(data)
+    assert len(spark_writers) == 1 and _version(data) == 3, spark_writers
+    assert re.fullmatch(rf"Apache-Spark/4\.2\.\d+ Delta-Lake/{re.escape(connector)}", spark_writers.pop())
+    assert all(w.startswith("delta-rs") for w in writers(ops)), writers(ops)
+    assert _delta_rows(data) == _dicts([_row(1, 10), _row(2, 11), _row(3, 11)])
+
+
+def test_compact_and_vacuum_keep_the_rows_and_clear_what_no_version_needs(
+    spark: SparkSession, engine: DeltaEngine, events: Path
+) -> None:
+    """sluice_maintenance's two steps, by the engine that writes the table."""
+    for version, rows in enumerate(([_row(1, 10), _row(2, 10)], [_row(3, 10)], [_row(4, 11)]), 1):
+        engine.append(_df(spark, rows), events, app_id="ingest", version=version)
+    before, version = _delta_rows(events), _version(events)
+    assert engine.compact(events) >= 2  # hour 10's files became one
+    assert _version(events) == version + 1
+    assert all(a["dataChange"] is False for a in _actions(events, version + 1, "add"))
+    assert _delta_rows(events) == before
+    compacted_away = _parquet_on_disk(events) - _live_files(events)
+    assert len(compacted_away) >= 2
+    # Retention 0 (sluice_maintenance never goes under a day): exactly the files no current version needs.
+    assert engine.vacuum(events, 0) == len(compacted_away)
+    assert _parquet_on_disk(events) == _live_files(events)
+    assert _delta_rows(events) == before and _spark_rows(engine.read(events)) == before

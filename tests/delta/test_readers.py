@@ -1,5 +1,6 @@
 """Tables as other readers see them: a real cycle's bronze, quarantine, ops and gold tables carry the table
-properties sluice promises, and Polars and DuckDB read them with the same rows as delta-rs."""
+properties sluice promises, use no table feature other readers lack, and a plain delta-spark session (batch and
+streaming), Polars and DuckDB read them with the schemas sluice declares and the same rows as delta-rs."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.storage import tables
+from sluice.storage.ledger import WINDOW_LEDGER
 from support.lake import cycle, land
 
 pytestmark = pytest.mark.spark
@@ -50,6 +53,15 @@ def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
          T0 + timedelta(minutes=51))
     done = cycle(spark, settings, "ad_clicks_hourly", T0 + timedelta(hours=3), quality=True)
 
+    spec = done.stream("impressions")
+    declared = {
+        "bronze/impressions": tables.bronze(spec).schema,
+        "quarantine/impressions": tables.quarantine(spec).schema,
+        "dlq/impressions": tables.dlq(spec).schema,
+        "ops/ingest_batches": tables.INGEST_BATCHES.schema,
+        "ops/window_ledger": WINDOW_LEDGER.schema,
+        "ops/dq_results": tables.DQ_RESULTS.schema,
+    }
     names = ["bronze/impressions", "quarantine/impressions", "dlq/impressions", "ops/ingest_batches",
              "ops/window_ledger", "ops/dq_results", "gold/ad_clicks_hourly"]
     for name in names:
@@ -65,6 +77,20 @@ def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
         assert pl.read_delta(str(path)).height == rows, name
         assert _duckdb_count(path) == rows, name
         assert rows or name == "dlq/impressions", name
+        # Nothing that deltalake, DuckDB or Polars could not read: no deletion vectors, no column mapping.
+        protocol = table.protocol()
+        assert (protocol.min_reader_version, protocol.reader_features or []) in ((1, []), (3, [])), (name, protocol)
+        assert not {k for k in config if "deletionVectors" in k or "columnMapping" in k}, name
+        # A plain delta-spark session: the schema sluice declares, the same rows, batch and streaming.
+        frame = spark.read.format("delta").load(str(path))
+        if name in declared:
+            assert [(f.name, f.dataType) for f in frame.schema] == [
+                (f.name, f.dataType) for f in declared[name].fields], name
+        assert frame.count() == rows, name
+        query = (spark.readStream.format("delta").load(str(path)).writeStream.format("memory")
+                 .queryName(f"read_{name.replace('/', '_')}").trigger(availableNow=True).start())
+        query.awaitTermination()
+        assert spark.table(f"read_{name.replace('/', '_')}").count() == rows, name
 
     ops = DeltaTable(str(done.lake / "ops/ingest_batches"))
     assert ops.version() >= 10

@@ -18,7 +18,7 @@ from sluice.core.model import PipelineDef
 from sluice.core.windows import WindowSpec
 from sluice.ingest.landing import BatchRow, StreamState, run_ingest
 from sluice.quality.freshness import due_time, first_window_holding, oldest_open_window, stale_alerts
-from sluice.storage.engine import engine_for
+from sluice.storage.engines import engine_for
 from sluice.streaming.cycle import run_quality
 from support.lake import cycle, land, table
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)

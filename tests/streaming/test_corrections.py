@@ -30,7 +30,7 @@ from sluice.cli.main import build_parser, main
 from sluice.config import Settings, load_settings
 from sluice.ingest.landing import run_ingest
 from sluice.storage.dlq import dlq_paths
-from sluice.storage.engine import engine_for
+from sluice.storage.engines import engine_for
 from sluice.storage.ledger import LedgerRow, join_detail, parse_gold_versions, read_ledger, split_detail
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
 from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail

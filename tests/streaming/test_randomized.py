@@ -55,7 +55,7 @@ from sluice.config import Settings
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import parse_duration
 from sluice.ingest.landing import load_state
-from sluice.storage.engine import engine_for
+from sluice.storage.engines import engine_for
 from sluice.storage.ledger import read_ledger
 from sluice.streaming.runner import batch_inputs, closing_boundary, gold_rows, pipeline_watermark
 from support.lake import cycle, land, table

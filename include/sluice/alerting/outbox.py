@@ -42,13 +42,12 @@ NO_CHANNEL = "none"
 ORDER = ("pipeline", "window_start", "window_end", "kind", "attempt", "alert_id")
 
 
-def _engine(engine: DeltaEngine | None) -> DeltaEngine:
+def _engine(settings: Settings, engine: DeltaEngine | None) -> DeltaEngine:
     if engine is not None:
         return engine
-    from sluice.storage.engine import RsDeltaEngine
+    from sluice.storage.engines import ops_engine
 
-    # Small driver-side rewrites need no SparkSession (the rs engine's replace_rows is pure delta-rs).
-    return RsDeltaEngine(None)  # type: ignore[arg-type]
+    return ops_engine(settings)
 
 
 def read_outbox(settings: Settings, pipeline: str | None = None) -> list[dict[str, Any]]:
@@ -103,7 +102,7 @@ def _commit(
 def record_alerts(settings: Settings, alerts: Iterable[Alert], engine: DeltaEngine | None = None) -> list[Alert]:
     """Record ``alerts`` as pending, in one commit, skipping those whose key is already in the outbox
     (delivered or not). Returns the alerts newly recorded."""
-    engine = _engine(engine)
+    engine = _engine(settings, engine)
     path = tables.ALERTS.path(settings)
     engine.ensure_table(path, tables.ALERTS.schema)
     known = {row_id(r) for r in read_outbox(settings)}
@@ -182,7 +181,7 @@ def deliver_pending(settings: Settings, pipeline: str, engine: DeltaEngine | Non
         values.update(alert_id=key, channels=",".join(sent) or NO_CHANNEL, delivered_at=now)
         marked[key] = tuple(values.values())
     if marked:
-        _commit(settings, _engine(engine), pipeline, list(marked.values()), set(marked))
+        _commit(settings, _engine(settings, engine), pipeline, list(marked.values()), set(marked))
     if report.undelivered:
         log.error("%d alert(s) of %s could not be delivered through any channel (%s); they stay pending and are "
                   "retried by the next delivery", len(report.undelivered), pipeline, ", ".join(channels))

@@ -181,7 +181,7 @@ def cmd_ingest(args: argparse.Namespace) -> int:
     from sluice.cli.report import accounting_table
     from sluice.core.spark import get_spark
     from sluice.ingest.landing import run_ingest
-    from sluice.storage.engine import engine_for
+    from sluice.storage.engines import engine_for
 
     settings = _settings(args, writes=True)
     for stream in args.streams:

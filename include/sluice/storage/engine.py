@@ -2,12 +2,12 @@
 
 Everything in sluice reads and writes Delta through :class:`DeltaEngine`. Two implementations exist:
 
-* :class:`RsDeltaEngine` (default): delta-rs owns the transaction log. Spark executors write Parquet into a
-  staging directory inside the table; the driver moves the files into place and commits them in one
-  Delta transaction with ``DeltaTable.create_write_transaction``. No JVM jars are needed, which is what
-  makes sluice run on machines that cannot reach Maven.
-* :class:`sluice.storage.native.NativeDeltaEngine`: the delta-spark connector, used wherever its jars are on
-  the classpath (the docker-compose images). Selected by ``SLUICE_DELTA_ENGINE=native`` or automatically.
+* :class:`RsDeltaEngine` (default, ``SLUICE_DELTA_ENGINE=rs``): delta-rs owns the transaction log. Spark
+  executors write Parquet into a staging directory inside the table; the driver moves the files into place
+  and commits them in one Delta transaction with ``DeltaTable.create_write_transaction``. It also writes the
+  small ops tables under either engine.
+* :class:`sluice.storage.native.NativeDeltaEngine` (``SLUICE_DELTA_ENGINE=native``): delta-spark writes every
+  table Spark computes. :mod:`sluice.storage.engines` picks one of the two.
 
 Exactly-once: every commit carries a Delta *app transaction* ``(app_id, version)``. A writer that is
 re-run for a version already committed (a retried micro-batch after a crash) finds
@@ -46,7 +46,6 @@ from pyspark.sql.types import StructType
 if TYPE_CHECKING:
     import pyarrow.compute as pc
 
-    from sluice.config import Settings
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +151,12 @@ class DeltaEngine(Protocol):
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         """Custom commit metadata of the newest ``limit`` commits, newest first."""
+
+    def compact(self, path: Path) -> int:
+        """Bin-pack small files (``dataChange=false``: streaming readers see nothing new); files removed."""
+
+    def vacuum(self, path: Path, retention_hours: int) -> int:
+        """Delete files no longer referenced and older than the retention; files deleted."""
 
 
 def arrow_schema(schema: StructType) -> Any:
@@ -587,6 +592,18 @@ class RsDeltaEngine:
                 out.append(json.loads(raw))
         return out
 
+    # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
+    def compact(self, path: Path) -> int:
+        return int(self._table(path).optimize.compact().get("numFilesRemoved", 0))
+
+    def vacuum(self, path: Path, retention_hours: int) -> int:
+        table = self._table(path)
+        # full: also the files no commit ever referenced (a crashed write's), not only those of remove actions.
+        deleted = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
+                               full=True)
+        table.cleanup_metadata()
+        return len(deleted)
+
 
 _commits_seen: dict[str, int] = {}
 
@@ -621,30 +638,3 @@ def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str |
     for key in partition_by:
         values.setdefault(key, None)
     return values
-
-
-def get_engine(
-    spark: SparkSession, choice: str | None = None, *, properties: Mapping[str, str] | None = None
-) -> DeltaEngine:
-    """The engine ``choice`` names (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``):
-    ``rs`` (delta-rs, from the driver) or ``native`` (delta-spark). ``properties``: the Delta table
-    properties new tables get (``sluice.storage.tables.table_properties(settings)``)."""
-    if choice is None:
-        from sluice.config import load_settings
-
-        choice = load_settings().delta_engine
-    choice = choice.lower()
-    if choice not in {"rs", "native"}:
-        raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native")
-    if choice == "native":
-        from sluice.storage.native import NativeDeltaEngine
-
-        return NativeDeltaEngine(spark, properties)
-    return RsDeltaEngine(spark, properties)
-
-
-def engine_for(spark: SparkSession, settings: Settings) -> DeltaEngine:
-    """The engine ``settings`` choose (``delta_engine``), creating tables with sluice's table properties."""
-    from sluice.storage.tables import table_properties
-
-    return get_engine(spark, settings.delta_engine, properties=table_properties(settings))

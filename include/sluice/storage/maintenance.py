@@ -1,7 +1,8 @@
 """Lake housekeeping for the ``sluice_maintenance`` DAG: compaction, vacuum and checkpoint cleanup.
 
-Runs on the driver with delta-rs only (no Spark needed), holding every pipeline's lock so it never races a
-cycle or a backfill.
+Each table is compacted and vacuumed by the engine that writes it (delta-spark for the tables Spark writes
+under the native engine, which then needs a Spark session; delta-rs for the ops tables, and for every table
+under the rs engine), holding every pipeline's lock so it never races a cycle or a backfill.
 """
 
 from __future__ import annotations
@@ -13,10 +14,9 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
-from deltalake import DeltaTable
-
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
+from sluice.storage.engine import DeltaEngine
 
 log = logging.getLogger("sluice.maintenance")
 
@@ -34,13 +34,24 @@ def _all_locks(settings: Settings) -> ExitStack:
     return stack
 
 
+def _engine(settings: Settings) -> DeltaEngine:
+    from sluice.storage.engines import engine_for, ops_engine
+
+    if settings.delta_engine == "rs":
+        return ops_engine(settings)  # delta-rs needs no Spark session for compaction and vacuum
+    from sluice.core.spark import get_spark
+
+    spark = get_spark(settings, "sluice-maintenance")
+    return engine_for(spark, settings)
+
+
 def compact(settings: Settings) -> dict[str, int]:
     """Bin-pack small files; returns files removed per table."""
     out = {}
     with _all_locks(settings):
+        engine = _engine(settings)
         for path in delta_tables(settings):
-            metrics = DeltaTable(str(path)).optimize.compact()
-            out[str(path.relative_to(settings.lake))] = int(metrics.get("numFilesRemoved", 0))
+            out[str(path.relative_to(settings.lake))] = engine.compact(path)
     log.info("compaction: %s", out)
     return out
 
@@ -50,11 +61,9 @@ def vacuum(settings: Settings) -> dict[str, int]:
     hours = settings.vacuum_retention_hours
     out = {}
     with _all_locks(settings):
+        engine = _engine(settings)
         for path in delta_tables(settings):
-            table = DeltaTable(str(path))
-            deleted = table.vacuum(retention_hours=hours, dry_run=False, enforce_retention_duration=False)
-            table.cleanup_metadata()
-            out[str(path.relative_to(settings.lake))] = len(deleted)
+            out[str(path.relative_to(settings.lake))] = engine.vacuum(path, hours)
     log.info("vacuum (retention %dh): %s", hours, out)
     return out
 

@@ -1,19 +1,17 @@
-"""The other side of the engine seam: the native delta-spark connector.
+"""The native engine: delta-spark writes every table that Spark computes.
 
-Used where the Delta jars are on the Spark classpath (the docker-compose Spark image sets
-``spark.sql.extensions=io.delta.sql.DeltaSparkSessionExtension``). Same contract as
-:class:`sluice.storage.engine.RsDeltaEngine`: idempotent commits keyed by Delta app transactions
-(``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in ``userMetadata``,
-atomic range replacement with ``replaceWhere``.
+Same contract as :class:`sluice.storage.engine.RsDeltaEngine`: idempotent commits keyed by Delta app
+transactions (``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in
+``userMetadata``, atomic range replacement with ``replaceWhere``; tables are created with
+``DeltaTable.createIfNotExists`` and sluice's table properties.
 
-The driver-built writes of small ops tables (``append_rows``, ``replace_rows``) go through delta-rs here
-too: their rows never were a Spark job, and delta-rs lets ``replace_rows`` merge and commit against one
-snapshot and retry on a concurrent commit (a delta-spark overwrite would start from a newer snapshot
-than the rows it merged, and drop what was committed in between).
+The small ops tables (``ops/*``) stay on delta-rs from the driver: their rows never were a Spark job, and
+delta-rs lets ``replace_rows`` merge and commit against one snapshot and retry on a concurrent commit (a
+delta-spark overwrite would start from a newer snapshot than the rows it merged, and drop what was
+committed in between). Each table thus has exactly one writing engine.
 
 Every Spark session carries the connector's jars (``sluice.core.jars``, fetched by ``make setup``); the
-engine-contract tests (tests/delta/test_engine.py) run on this engine and on delta-rs's.
-"""
+engine-contract tests (tests/delta/test_engine.py) run on this engine and on delta-rs's."""
 
 from __future__ import annotations
 
@@ -28,27 +26,56 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
-from sluice.storage.engine import PartitionPredicate, RsDeltaEngine
+from sluice.storage.engine import PartitionPredicate, RsDeltaEngine, _maybe_kill
+from sluice.storage.tables import is_ops_table
+
+UNLIMITED_FILES = 2**31 - 1
 
 
 class NativeDeltaEngine:
+    """delta-spark writes every table Spark computes; the small ops tables (``ops/*``), whose rows the driver
+    builds, stay on delta-rs (see the module docstring). Never two writing engines on one table."""
+
     def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
         self.spark = spark
-        # delta-rs still answers the metadata questions (it reads any Delta table's log), so both
-        # engines agree on versions, partitions and app transactions; it also creates the tables.
-        self._meta = RsDeltaEngine(spark, properties)
+        self.properties = dict(properties or {})
+        # The ops tables' engine, and the log reader for app transactions and commit metadata (reading a
+        # Delta log is engine-neutral; writing is not).
+        self._ops = RsDeltaEngine(spark, properties)
 
+    # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
-        self._meta.ensure_table(path, schema, partition_by)
+        if is_ops_table(path):
+            self._ops.ensure_table(path, schema, partition_by)
+            return
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        if SparkDeltaTable.isDeltaTable(self.spark, str(path)):
+            present = set(self.schema(path).names)
+            missing = [f for f in schema.fields if f.name not in present]
+            if missing:
+                # Tables created by an older sluice gain the columns added since: a metadata-only commit.
+                columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+                self.spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+            return
+        builder = SparkDeltaTable.createIfNotExists(self.spark).location(str(path)).addColumns(schema)
+        if partition_by:
+            builder = builder.partitionedBy(*partition_by)
+        for key, value in sorted(self.properties.items()):
+            builder = builder.property(key, value)
+        builder.execute()
 
     def committed_version(self, path: Path, app_id: str) -> int | None:
-        return self._meta.committed_version(path, app_id)
+        return self._ops.committed_version(path, app_id)
 
     def _done(self, path: Path, app_id: str, version: int) -> bool:
         done = self.committed_version(path, app_id)
         return done is not None and done >= version
 
     def _writer(self, df: DataFrame, app_id: str, version: int, metadata: Mapping[str, Any] | None) -> Any:
+        # txnAppId/txnVersion: Delta's idempotent writes. delta-spark skips a write whose version it has
+        # already committed for that app id, and commits the pair with the data in one version, so a
+        # restarted query or task replays its batch as a no-op.
         return (
             df.write.format("delta")
             .option("txnAppId", app_id)
@@ -65,9 +92,12 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
+        if is_ops_table(path):
+            return self._ops.append(df, path, app_id=app_id, version=version, metadata=metadata)
         if self._done(path, app_id, version):
             return False
         self._writer(df, app_id, version, metadata).mode("append").save(str(path))
+        _maybe_kill(path, app_id)
         return True
 
     def append_rows(
@@ -80,7 +110,12 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        return self._meta.append_rows(rows, schema, path, app_id=app_id, version=version, metadata=metadata)
+        if is_ops_table(path):
+            return self._ops.append_rows(rows, schema, path, app_id=app_id, version=version, metadata=metadata)
+        if self._done(path, app_id, version):
+            return False
+        frame = self.spark.createDataFrame([tuple(r) for r in rows], schema)
+        return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
 
     def replace_rows(
         self,
@@ -94,7 +129,9 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        return self._meta.replace_rows(
+        if not is_ops_table(path):
+            raise ValueError(f"{path}: replace_rows rewrites the small ops tables only; use replace()")
+        return self._ops.replace_rows(
             rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version, metadata=metadata
         )
 
@@ -121,6 +158,7 @@ class NativeDeltaEngine:
             .option("replaceWhere", condition)
             .save(str(path))
         )
+        _maybe_kill(path, app_id)
         return True
 
     def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
@@ -146,9 +184,11 @@ class NativeDeltaEngine:
     def read_stream(
         self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
     ) -> DataFrame:
-        reader = self.spark.readStream.format("delta")
-        if max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
+        # Delta's source admits 1,000 files per micro-batch by default, which can split one bronze commit
+        # across two batches; the cycle's watermark arguments hold only when a batch ends on a commit, so
+        # without an explicit limit every batch takes all that is there.
+        reader = self.spark.readStream.format("delta").option(
+            "maxFilesPerTrigger", str(max_files_per_trigger or UNLIMITED_FILES))
         frame = reader.load(str(path))
         if min_event_time is not None:
             # A filter on the partition column lets Delta's streaming source skip whole partitions.
@@ -156,7 +196,32 @@ class NativeDeltaEngine:
         return frame
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
-        return self._meta.history_metadata(path, limit)
+        return self._ops.history_metadata(path, limit)
+
+
+    # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
+    def compact(self, path: Path) -> int:
+        if is_ops_table(path):
+            return self._ops.compact(path)
+        from delta.tables import DeltaTable as SparkDeltaTable
+
+        (result,) = SparkDeltaTable.forPath(self.spark, str(path)).optimize().executeCompaction().collect()
+        return int(result["metrics"]["numFilesRemoved"])
+
+    def vacuum(self, path: Path, retention_hours: int) -> int:
+        if is_ops_table(path):
+            return self._ops.vacuum(path, retention_hours)
+        # delta-spark refuses a retention under its 7-day default unless told; sluice's own floor is a day
+        # (config: MIN_RETENTION_HOURS), the same horizon the table's deletedFileRetentionDuration states.
+        check = "spark.databricks.delta.retentionDurationCheck.enabled"
+        self.spark.conf.set(check, "false")
+        try:
+            table = f"delta.`{path}`"
+            doomed = self.spark.sql(f"VACUUM {table} RETAIN {retention_hours} HOURS DRY RUN").count()
+            self.spark.sql(f"VACUUM {table} RETAIN {retention_hours} HOURS")
+        finally:
+            self.spark.conf.unset(check)
+        return doomed
 
 
 def _literal(value: Any) -> str:

@@ -201,6 +201,12 @@ def partition_hour(values: Mapping[str, Any]) -> datetime | None:
     return datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(hours=int(values["event_hour"]))
 
 
+def is_ops_table(path: Path) -> bool:
+    """One of the small ``ops/*`` tables (ingest batches, ledger, DQ results, alerts), whose rows the driver
+    builds and commits with delta-rs whatever the engine of the tables Spark writes."""
+    return path.parent.name == "ops"
+
+
 def table_properties(settings: Settings) -> dict[str, str]:
     """The Delta table properties every sluice table is created with, as Delta readers expect them:
 

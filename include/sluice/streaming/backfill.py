@@ -57,7 +57,8 @@ from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
 from sluice.storage.dlq import dlq_snapshot
-from sluice.storage.engine import DeltaEngine, engine_for
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.engines import engine_for
 from sluice.storage.ledger import (
     SETTLED_STATES,
     LedgerRow,

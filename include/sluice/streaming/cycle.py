@@ -30,7 +30,7 @@ from sluice.core.spark import get_spark
 from sluice.ingest.landing import BatchRow, all_late, all_late_message, run_ingest
 from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
 from sluice.quality.validator import warm_up
-from sluice.storage.engine import engine_for
+from sluice.storage.engines import engine_for
 from sluice.streaming.corrections import CorrectionReport, run_corrections, scan_amendments
 from sluice.streaming.runner import AggregateResult, PipelineRunner, streams_without_files
 

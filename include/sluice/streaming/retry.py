@@ -26,7 +26,7 @@ from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
-from sluice.storage.engine import engine_for
+from sluice.storage.engines import engine_for
 from sluice.storage.ledger import read_ledger
 from sluice.streaming.backfill import run_backfill
 from sluice.streaming.cycle import merged_reports
