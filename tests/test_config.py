@@ -151,3 +151,12 @@ def test_yaml_values_of_the_right_type_are_converted(tmp_path: Path) -> None:
 def test_now_outside_the_supported_range_gives_the_range(value: str) -> None:
     with pytest.raises(ConfigError, match=r"^SLUICE_NOW: .* use a time from 1900-01-01T00:00:00Z to 9999-01-01"):
         load_settings({"SLUICE_NOW": value})
+
+
+def test_a_clean_environment_for_a_child_drops_the_settings_and_keeps_the_machines_jar_cache() -> None:
+    from sluice.config import without_settings
+
+    environ = {"SLUICE_HOME": "/h", "SLUICE_NOW": "2024-05-01T00:00:00Z", "SLUICE_JARS_DIR": "/jars",
+               "SLUICE_MAVEN_REPO": "http://mirror", "PATH": "/bin"}
+    assert without_settings(environ) == {"SLUICE_JARS_DIR": "/jars", "SLUICE_MAVEN_REPO": "http://mirror",
+                                         "PATH": "/bin"}

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 
+from sluice.config import without_settings
 from support.tutorial import Step, section, shell_commands, tutorial_steps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -217,7 +218,7 @@ def test_shell_commands_are_read_as_a_user_pastes_them() -> None:
 def test_new_pipeline_creates_and_prints_the_landing_folder_of_its_stream(tmp_path: Path) -> None:
     """`sluice new-pipeline` creates `$SLUICE_HOME/landing/<stream>/` (the home defaults to .sluice in the
     working directory; SLUICE_LANDING moves the landing root), and refuses a stream another file declares."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env = without_settings(os.environ)
 
     def new(*args: str, **extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "sluice.cli", "--pipelines", str(tmp_path / "pipes"),

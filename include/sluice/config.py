@@ -441,6 +441,17 @@ def _env_name(name: str) -> str:
     return name.upper().replace("-", "_")
 
 
+# Variables named SLUICE_* that belong to the machine, not to a home's settings: where the pinned jars are
+# cached and fetched from (sluice.core.jars). A clean environment for a child process keeps them.
+MACHINE_VARIABLES = frozenset({"SLUICE_JARS_DIR", "SLUICE_MAVEN_REPO"})
+
+
+def without_settings(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without sluice's settings (``SLUICE_*``), for a child process that must not inherit the
+    caller's home, pipelines or clock; the machine's variables (:data:`MACHINE_VARIABLES`) stay."""
+    return {k: v for k, v in environ.items() if not k.startswith("SLUICE_") or k in MACHINE_VARIABLES}
+
+
 def load_settings(
     env: Mapping[str, str] | None = None,
     *,

@@ -21,7 +21,7 @@ from deltalake import DeltaTable, write_deltalake
 from sluice.alerting.alert import Alert
 from sluice.cli.main import main
 from sluice.cli.status import status_data
-from sluice.config import load_settings
+from sluice.config import MACHINE_VARIABLES, load_settings
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
@@ -42,7 +42,7 @@ def sluice(*args: str, home: Path | None = None, env: dict[str, str] | None = No
 def _no_sluice_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process main() reads the environment: nothing from the caller's shell leaks in."""
     for key in list(os.environ):
-        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")):
+        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
             monkeypatch.delenv(key)
 
 

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.cli.main import main
+from sluice.config import MACHINE_VARIABLES
 
 pytestmark = pytest.mark.spark
 
@@ -100,7 +101,7 @@ def _main_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dic
 def test_backfill_and_check_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     for key in list(os.environ):
-        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")):
+        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
             monkeypatch.delenv(key)
     generate(tmp_path)
     home = ["--home", str(tmp_path)]

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.timeout(300)
 REPO = Path(__file__).resolve().parents[2]
 DAGS = REPO / "dags"
 
-from sluice.config import load_settings  # noqa: E402
+from sluice.config import load_settings, without_settings  # noqa: E402
 
 REGISTRY = load_settings({}).registry
 PIPELINES = set(REGISTRY.pipelines)
@@ -147,7 +147,7 @@ def test_parsing_does_no_work_in_a_fresh_process(tmp_path: Path) -> None:
     home = tmp_path / "not-created-home"
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env = without_settings(os.environ)
     env.update(SLUICE_HOME=str(home), SLUICE_NOW="2024-05-01T04:00:00Z")
     done = subprocess.run(
         [sys.executable, "-c", _PARSE_SCRIPT, str(DAGS)], cwd=cwd, env=env,

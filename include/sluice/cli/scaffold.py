@@ -72,6 +72,7 @@ from typing import Any
 from deltalake import DeltaTable
 
 from sluice import Pipeline, Stream
+from sluice.config import without_settings
 
 NAME = "${name}"
 PIPELINES = (Path(__file__).resolve().parent / "${pipelines}").resolve()
@@ -126,7 +127,7 @@ def test_${name}_accepts_two_records_and_writes_gold(tmp_path: Path) -> None:
     waits = [pipeline.window_size, pipeline.lateness_bound, stream.idle_timeout, stream.watermark_delay]
     assert all(isinstance(w, timedelta) for w in waits), waits  # Pipeline and Stream parse their durations
     now = ARRIVAL + sum((w for w in waits if isinstance(w, timedelta)), timedelta())
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}  # no setting of yours leaks in
+    env = without_settings(os.environ)  # no setting of yours leaks in (the jar cache does)
     env.update(SLUICE_HOME=str(home), SLUICE_PIPELINES=str(PIPELINES))
     done = subprocess.run(
         [sys.executable, "-m", "sluice.cli", "run", NAME, "--now", rfc3339(now), "--json"],
