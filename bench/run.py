@@ -958,7 +958,12 @@ class Bench:
         job = [str(BENCH / "bare_spark_job.py"), "--landing", str(bare / "landing"), "--out", str(bare / "out"),
                *self.spark_args()]
         if submit:
-            cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, *job]
+            # As the DAG's spark-submit tasks do: Delta's jars on the driver's classpath from the start (the
+            # job's spark.jars would reach only the executors).
+            from sluice.core.spark import delta_jars
+
+            cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, "--jars",
+                   delta_jars(), *job]
         else:
             cmd = [sys.executable, *job]
         run = self.record(stage, events, rep, cmd)

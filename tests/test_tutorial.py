@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from sluice.config import without_settings
+from sluice.core import jars
 from support.tutorial import Step, section, shell_commands, tutorial_steps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +62,9 @@ def user_env(clone: Path, home: Path) -> dict[str, str]:
     env = {key: os.environ[key] for key in KEEP if key in os.environ}
     env.update(
         HOME=str(home),
+        # `make setup` has run on this machine: its jar cache is where setup put it (the default lies under
+        # the real HOME, which this user's HOME is not).
+        SLUICE_JARS_DIR=str(jars.cache_dir()),
         VIRTUAL_ENV=str(VENV),
         PATH=f"{VENV / 'bin'}{os.pathsep}{env.get('PATH', os.defpath)}",
         PYTHONPATH=f"{clone / 'include'}{os.pathsep}{clone / 'tools'}",
