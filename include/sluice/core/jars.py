@@ -23,6 +23,7 @@ import urllib.request
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TextIO
 
 LOCK = Path(__file__).with_name("jars.lock")
 MAVEN_CENTRAL = "https://repo1.maven.org/maven2"
@@ -91,8 +92,8 @@ def _sha256(path: Path) -> str:
 
 
 def jar_paths(sets: Sequence[str] = ("delta",), cache: Path | None = None, lock: Path = LOCK) -> list[Path]:
-    """The cached files of ``sets``, for ``spark.jars``. Checks presence and size only (hashing 690 MB at
-    every Spark start would cost seconds): ``fetch`` verified the content when it wrote each file."""
+    """The cached files of ``sets``, for ``spark.jars``. Checks presence only (hashing 690 MB at every Spark
+    start would cost seconds): ``fetch`` verified the content when it wrote each file."""
     root = cache or cache_dir()
     jars = locked(sets, lock)
     missing = [j for j in jars if not (root / j.repo_path).is_file()]
@@ -106,7 +107,7 @@ def jar_paths(sets: Sequence[str] = ("delta",), cache: Path | None = None, lock:
 
 
 def fetch(sets: Sequence[str] | None = None, cache: Path | None = None, into: Path | None = None,
-          repo: str | None = None, lock: Path = LOCK, out: object = sys.stderr) -> list[Path]:
+          repo: str | None = None, lock: Path = LOCK, out: TextIO = sys.stderr) -> list[Path]:
     """Download the jars of ``sets`` (default: all) that the cache lacks, verify each against the lock and
     move it into place atomically; with ``into``, also copy them flat into that folder (a Spark image's
     ``jars/``). Idempotent: a verified jar is never fetched twice."""
@@ -118,7 +119,7 @@ def fetch(sets: Sequence[str] | None = None, cache: Path | None = None, into: Pa
         if not target.is_file() or _sha256(target) != jar.sha256:
             target.parent.mkdir(parents=True, exist_ok=True)
             url = f"{base}/{jar.repo_path}"
-            print(f"fetching {jar.coordinate} from {base}", file=out)  # type: ignore[call-overload]
+            print(f"fetching {jar.coordinate} from {base}", file=out)
             fd, tmp = tempfile.mkstemp(dir=target.parent, suffix=".part")
             try:
                 with os.fdopen(fd, "wb") as f, urllib.request.urlopen(url, timeout=120) as response:

@@ -112,8 +112,7 @@ class NativeDeltaEngine:
     ) -> bool:
         if is_ops_table(path):
             return self._ops.append_rows(rows, schema, path, app_id=app_id, version=version, metadata=metadata)
-        if self._done(path, app_id, version):
-            return False
+        # append() skips a version already committed.
         frame = self.spark.createDataFrame([tuple(r) for r in rows], schema)
         return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
 
