@@ -203,17 +203,13 @@ def _table_snapshot(home: Path) -> dict[str, list[tuple[object, ...]]]:
     return out
 
 
+# This test is about crash recovery; the generated late share would (rightly) fail lateness checks.
+CRASH_ENV = {"SLUICE_MAX_FILES_PER_TRIGGER": "3", "SLUICE_LATENESS_THRESHOLD": "1"}
+
+
 def _run_cli(home: Path, now: str, extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    env = {
-        **os.environ,
-        "SLUICE_HOME": str(home),
-        "SLUICE_NOW": now,
-        "SLUICE_MAX_FILES_PER_TRIGGER": "3",
-        # This test is about crash recovery; the generated late share would (rightly) fail lateness checks.
-        "SLUICE_LATENESS_THRESHOLD": "1",
-        "PYSPARK_PYTHON": sys.executable,
-        **(extra_env or {}),
-    }
+    env = {**os.environ, **CRASH_ENV, "SLUICE_HOME": str(home), "SLUICE_NOW": now,
+           "PYSPARK_PYTHON": sys.executable, **(extra_env or {})}
     return subprocess.run(
         [sys.executable, "-m", "sluice.cli", "run", "ad_clicks_hourly"],
         env=env, capture_output=True, text=True, timeout=1200,
@@ -244,26 +240,37 @@ def clean_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str,
     return out
 
 
+# Each crash is a process killed right after the given commit (table:n counts that process's commits of the
+# table). The kills of one chain hit the same home one after the other, each in the run that recovers from
+# the kill before it, and then one run that nothing kills must leave the tables of a run never interrupted.
+CRASH_CHAINS = {
+    False: (
+        "bronze/impressions:2",  # between the tables of one ingest micro-batch (ops row committed)
+        "gold/ad_clicks_hourly:1",  # in the middle of the aggregate: gold written, ledger not yet
+        "ops/window_ledger:1",  # between the two outputs of the pipeline
+    ),
+    True: (
+        "bronze/impressions:2",
+        "gold/ad_clicks_hourly:1",  # the catch-up's first gold commit, before its ledger rows
+        "ops/window_ledger:1",  # between the catch-up's two outputs
+    ),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("kill_after", "catch_up"),
-    [
-        ("bronze/impressions:2", False),  # between the tables of one ingest micro-batch (ops row committed)
-        ("gold/ad_clicks_hourly:1", False),  # in the middle of the aggregate: gold written, ledger not yet
-        ("ops/window_ledger:1", False),  # between the two outputs of the pipeline
-        ("gold/ad_clicks_hourly:1", True),  # the catch-up's first gold commit, before its ledger rows
-        ("ops/window_ledger:1", True),  # between the catch-up's two outputs
-    ],
-)
+@pytest.mark.parametrize("catch_up", [False, True], ids=["streaming", "catch_up"])
 def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
-    tmp_path: Path, kill_after: str, catch_up: bool, clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]]
+    tmp_path: Path, catch_up: bool,
+    clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]],
 ) -> None:
     clean_run = clean_runs[catch_up]
     env = CATCH_UP if catch_up else {}
     crash_home = tmp_path / "crash"
     generate(crash_home / "landing", CRASH_OPTIONS)
-    crashed = _run_cli(crash_home, CRASH_NOW, {**env, "SLUICE_KILL_AFTER_COMMIT": kill_after})
-    assert crashed.returncode == -9, f"expected SIGKILL, got {crashed.returncode}: {crashed.stderr[-2000:]}"
+    for kill_after in CRASH_CHAINS[catch_up]:
+        crashed = _run_cli(crash_home, CRASH_NOW, {**env, "SLUICE_KILL_AFTER_COMMIT": kill_after})
+        assert crashed.returncode == -9, (
+            f"expected SIGKILL after {kill_after}, got {crashed.returncode}: {crashed.stderr[-2000:]}")
     rerun = _run_cli(crash_home, CRASH_NOW, env)
     assert rerun.returncode == 0, rerun.stderr[-3000:]
 
