@@ -241,33 +241,26 @@ def clean_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str,
 
 
 # Each crash is a process killed right after the given commit (table:n counts that process's commits of the
-# table). The kills of one chain hit the same home one after the other, each in the run that recovers from
-# the kill before it, and then one run that nothing kills must leave the tables of a run never interrupted.
-CRASH_CHAINS = {
-    False: (
-        "bronze/impressions:2",  # between the tables of one ingest micro-batch (ops row committed)
-        "gold/ad_clicks_hourly:1",  # in the middle of the aggregate: gold written, ledger not yet
-        "ops/window_ledger:1",  # between the two outputs of the pipeline
-    ),
-    True: (
-        "bronze/impressions:2",
-        "gold/ad_clicks_hourly:1",  # the catch-up's first gold commit, before its ledger rows
-        "ops/window_ledger:1",  # between the catch-up's two outputs
-    ),
-}
+# table). The kills hit the same home one after the other, each in the run that recovers from the kill before
+# it, and then one run that nothing kills must leave the tables of a run never interrupted. The same points
+# serve both paths; on the catch-up path the gold and ledger commits are the batch catch-up's.
+CRASH_CHAIN = (
+    "bronze/impressions:2",  # between the tables of one ingest micro-batch (ops row committed)
+    "gold/ad_clicks_hourly:1",  # in the middle of the aggregate: gold written, ledger not yet
+    "ops/window_ledger:1",  # between the two outputs of the pipeline
+)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("catch_up", [False, True], ids=["streaming", "catch_up"])
 def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
-    tmp_path: Path, catch_up: bool,
-    clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]],
+    tmp_path: Path, catch_up: bool, clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]]
 ) -> None:
     clean_run = clean_runs[catch_up]
     env = CATCH_UP if catch_up else {}
     crash_home = tmp_path / "crash"
     generate(crash_home / "landing", CRASH_OPTIONS)
-    for kill_after in CRASH_CHAINS[catch_up]:
+    for kill_after in CRASH_CHAIN:
         crashed = _run_cli(crash_home, CRASH_NOW, {**env, "SLUICE_KILL_AFTER_COMMIT": kill_after})
         assert crashed.returncode == -9, (
             f"expected SIGKILL after {kill_after}, got {crashed.returncode}: {crashed.stderr[-2000:]}")
