@@ -17,16 +17,12 @@ import contextlib
 import json
 import os
 import secrets
-import signal
-import socket
 import sqlite3
 import subprocess
-import sys
 import time
-import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -37,9 +33,8 @@ from deltalake import DeltaTable
 
 from sluice.core.windows import windows_starting_in
 from sluice_tools.generate import GenerateOptions, generate
+from support.airflow_servers import REPO, VENV_BIN, Servers, free_port, sqlite_metadata_db
 
-REPO = Path(__file__).resolve().parents[2]
-VENV_BIN = Path(sys.executable).parent
 PIPELINE = "user_activity_hourly"  # hourly windows, schedule */15: three in four 15-minute intervals hold no hour start
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -173,22 +168,12 @@ def test_windows_starting_in_takes_pendulum_times_and_refuses_naive_ones() -> No
 
 
 # ------------------------------------------------------------------------------------------------ a deployment
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
-class Deployment:
+class Deployment(Servers):
     """A fresh AIRFLOW_HOME (``airflow db migrate``) with ``airflow api-server`` and ``airflow scheduler``
     (LocalExecutor) running on 127.0.0.1 for the test's duration, all sharing one environment."""
 
-    root: Path
-    env: dict[str, str]
-    port: int
-    servers: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
-    others: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    port: int = 0
 
     @property
     def airflow_home(self) -> Path:
@@ -198,58 +183,12 @@ class Deployment:
     def sluice_home(self) -> Path:
         return Path(self.env["SLUICE_HOME"])
 
-    def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        done = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, cwd=REPO, capture_output=True,
-                              text=True, timeout=timeout, check=False)
-        assert done.returncode == 0, f"airflow {' '.join(args)} failed ({done.returncode}):\n" \
-            f"{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
-        return done
-
-    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        """Start ``args`` in the background, output to ``<root>/<name>.log``, in a session of its own, so that
-        teardown stops it with everything it started (API workers, executor workers, task processes,
-        spark-submit and its JVM), and nothing else."""
-        with (self.root / f"{name}.log").open("wb") as log:
-            return subprocess.Popen(list(args), env=self.env, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
-
-    def start(self, name: str) -> None:
-        self.servers[name] = self.spawn(name, str(VENV_BIN / "airflow"), name)
-
-    def run_in_background(self, name: str, *args: str) -> subprocess.Popen[bytes]:
-        proc = self.spawn(name, *args)
-        self.others.append(proc)
-        return proc
-
     def wait(self, proc: subprocess.Popen[bytes], name: str, timeout: float) -> None:
         try:
             code = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
             raise AssertionError(f"{name} still running after {timeout:.0f}s:\n{self.log(name)[-3000:]}") from None
         assert code == 0, f"{name} failed ({code}):\n{self.log(name)[-5000:]}"
-
-    def log(self, name: str) -> str:
-        path = self.root / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
-    def assert_alive(self) -> None:
-        for name, proc in self.servers.items():
-            assert proc.poll() is None, f"airflow {name} exited ({proc.returncode}):\n{self.log(name)[-5000:]}"
-
-    def wait_healthy(self, timeout: float = 180) -> None:
-        url = f"http://127.0.0.1:{self.port}/api/v2/monitor/health"
-        deadline = time.monotonic() + timeout
-        while True:
-            self.assert_alive()
-            try:
-                with urllib.request.urlopen(url, timeout=5) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
-            assert time.monotonic() < deadline, f"api-server not healthy after {timeout:.0f}s:\n" \
-                f"{self.log('api-server')[-5000:]}"
-            time.sleep(1)
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
         """Read the metadata DB (SQLite, read-only) the scheduler writes."""
@@ -271,25 +210,6 @@ class Deployment:
                 lines.append(line)
         return "\n".join(lines)
 
-    def stop(self) -> None:
-        procs = [*self.servers.values(), *self.others]
-        for proc in procs:
-            if proc.poll() is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=30)
-        # What the servers started (task processes, spark-submit and its JVM) is in their sessions: make sure
-        # none of it outlives the test.
-        for proc in procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-
 
 @pytest.fixture
 def deployment(tmp_path: Path, clean_env: None) -> Iterator[Deployment]:
@@ -301,6 +221,7 @@ def deployment(tmp_path: Path, clean_env: None) -> Iterator[Deployment]:
         "PATH": f"{VENV_BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "TZ": "UTC",
         "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+        **sqlite_metadata_db(tmp_path / "airflow-home"),
         "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
         "AIRFLOW__CORE__PLUGINS_FOLDER": str(REPO / "plugins"),
         "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
@@ -323,7 +244,7 @@ def deployment(tmp_path: Path, clean_env: None) -> Iterator[Deployment]:
         "SLUICE_LATENESS_THRESHOLD": "1",
         "SLUICE_CATCHUP_MIN_WINDOWS": "1",  # the first cycle closes its two hours in batch: same rows, less time
     })
-    d = Deployment(tmp_path, env, port)
+    d = Deployment(tmp_path, env, port=port)
     try:
         yield d
     finally:
@@ -350,10 +271,10 @@ def test_airflow_backfill_create_reprocesses_the_windows_of_each_run(deployment:
     # While they start: one cycle through the CLI (ingest; both hours closed), as a scheduled run would have
     # done (its checks are not what this test is about); and the DAGs into the metadata DB (what the
     # dag-processor does), the DAG unpaused (tasks of a paused DAG are never scheduled, backfill or not).
-    cycle = d.run_in_background("sluice-run", str(VENV_BIN / "sluice"), "run", PIPELINE, "--skip-quality")
+    cycle = d.spawn("sluice-run", str(VENV_BIN / "sluice"), "run", PIPELINE, "--skip-quality")
     d.airflow("dags", "reserialize")
     d.airflow("dags", "unpause", PIPELINE)
-    d.wait_healthy()
+    d.wait_healthy(f"http://127.0.0.1:{d.port}", timeout=180)
     d.wait(cycle, "sluice-run", timeout=600)
     before = ledger(home)
     assert {w: r["state"] for w, r in before.items()} == {W0: "closed", W1: "closed"}

@@ -14,18 +14,15 @@ minutes) and run in file order: the last one changes the home."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +32,7 @@ import httpx
 import pytest
 
 from sluice.airflow.defaults import airflow_env
+from support.airflow_servers import Servers, free_port, sqlite_metadata_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -102,11 +100,17 @@ def sluice_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @dataclass
 class Airflow:
     url: str
-    env: dict[str, str]
     # No proxy from the environment between the test and 127.0.0.1.
     http: httpx.Client
-    home: Path
-    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+    servers: Servers
+
+    @property
+    def env(self) -> dict[str, str]:
+        return self.servers.env
+
+    @property
+    def home(self) -> Path:
+        return self.servers.root
 
     def token(self, username: str = USER, password: str = PASSWORD) -> str:
         """A JWT from the simple auth manager's login endpoint, as any API client gets one."""
@@ -117,13 +121,8 @@ class Airflow:
     def operator(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.token(OPERATOR, OPERATOR_PASSWORD)}"}
 
-    def log(self, name: str) -> str:
-        path = self.home / f"{name}.log"
-        return path.read_text(errors="replace") if path.exists() else ""
-
     def assert_alive(self) -> None:
-        for name, proc in self.procs.items():
-            assert proc.poll() is None, f"airflow {name} exited {proc.returncode}:\n{self.log(name)[-5000:]}"
+        self.servers.assert_alive()
 
     def task_logs(self, run_id: str) -> str:
         """Every task attempt's log of a sluice_backfill run (Airflow 3 writes one JSON object per line)."""
@@ -137,32 +136,7 @@ class Airflow:
                 except json.JSONDecodeError:
                     lines.append(line)
             out.append(f"--- {path.parent.name}/{path.name}\n" + "\n".join(lines)[-6000:])
-        return "\n".join(out) or f"(no task logs for {run_id}); scheduler:\n{self.log('scheduler')[-5000:]}"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
-    """Each process was started in a session of its own: stop it with everything it started (API workers,
-    executor workers, task processes, spark-submit and its JVM), and nothing else."""
-    for proc in procs:
-        if proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGTERM)
-    for proc in procs:
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
-    for proc in procs:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
+        return "\n".join(out) or f"(no task logs for {run_id}); scheduler:\n{self.servers.log('scheduler')[-5000:]}"
 
 
 @pytest.fixture(scope="module")
@@ -174,10 +148,11 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     airflow_home = tmp_path_factory.mktemp("ledger-airflow")
     passwords = airflow_home / "passwords.json"
     passwords.write_text(json.dumps({USER: PASSWORD, OPERATOR: OPERATOR_PASSWORD}))
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = _env(
         AIRFLOW_HOME=str(airflow_home), SLUICE_HOME=str(sluice_home), SLUICE_NOW=NOW,
+        **sqlite_metadata_db(airflow_home),
         AIRFLOW__CORE__AUTH_MANAGER="airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS=f"{USER}:viewer,{OPERATOR}:op",
         AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_ALL_ADMINS="False",
@@ -188,7 +163,7 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         AIRFLOW__CORE__EXECUTOR="LocalExecutor",
         AIRFLOW__CORE__PARALLELISM="2",
         # The scheduler's log server, on a free port rather than the fixed 8793 another Airflow may hold.
-        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(_free_port()),
+        AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT=str(free_port()),
         AIRFLOW__CORE__EXECUTION_API_SERVER_URL=f"{url}/execution/",
         # Only the runs the page triggers: no scheduled run of the pipeline DAGs (manual runs still start).
         AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE="False",
@@ -197,36 +172,28 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         # This clone's dags/ and plugins/, no examples (what `python -m sluice.airflow.defaults` prints).
         **airflow_env({}, REPO),
     )
-    _run([str(BIN / "airflow"), "db", "migrate"], env)
-    af = Airflow(url, env, httpx.Client(base_url=url, trust_env=False, timeout=60), airflow_home)
-    commands = {"api-server": ["api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                "scheduler": ["scheduler"], "dag-processor": ["dag-processor"]}
+    servers = Servers(airflow_home, env)
+    servers.airflow("db", "migrate")
+    af = Airflow(url, httpx.Client(base_url=url, trust_env=False, timeout=60), servers)
     try:
-        for name, args in commands.items():
-            with (airflow_home / f"{name}.log").open("wb") as out:
-                af.procs[name] = subprocess.Popen([str(BIN / "airflow"), *args], env=env, cwd=REPO, stdout=out,
-                                                  stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + 300
-        while True:
-            af.assert_alive()
-            with contextlib.suppress(httpx.HTTPError):
-                if af.http.get("/api/v2/monitor/health", timeout=5).status_code == 200:
-                    break
-            assert time.monotonic() < deadline, f"api-server not up after 300 s:\n{af.log('api-server')[-5000:]}"
-            time.sleep(1)
+        servers.start("api-server", "--host", "127.0.0.1", "--port", str(port), "--workers", "1")
+        servers.start("scheduler")
+        servers.start("dag-processor")
+        servers.wait_healthy(url)
         # The dag-processor's first parse puts the DAGs in the metadata DB.
+        deadline = time.monotonic() + 300
         auth = af.operator()
         while (dag := af.http.get(f"/api/v2/dags/{DAG}", headers=auth)).status_code != 200:
             af.assert_alive()
             errors = af.http.get("/api/v2/importErrors", headers=auth).text
             assert time.monotonic() < deadline, f"{DAG} not loaded: {dag.text}\n{errors}\n" \
-                f"{af.log('dag-processor')[-5000:]}"
+                f"{servers.log('dag-processor')[-5000:]}"
             time.sleep(1)
         assert dag.json()["is_paused"], "a new DAG starts paused: the tests unpause it when it should run"
         yield af
     finally:
         af.http.close()
-        _stop(list(af.procs.values()))
+        servers.stop()
 
 
 def _ledger_states(home: Path) -> dict[str, str]:
