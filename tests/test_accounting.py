@@ -227,14 +227,21 @@ CATCH_UP = {"SLUICE_CATCHUP_MIN_WINDOWS": "1"}
 
 
 @pytest.fixture(scope="module")
-def clean_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, dict[str, list[tuple[object, ...]]]]:
-    """The references: the same data through one uninterrupted cycle, streamed and caught up in batch."""
+def clean_runs(
+    spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
+) -> dict[bool, dict[str, list[tuple[object, ...]]]]:
+    """The references: the same data through one uninterrupted cycle, streamed and caught up in batch. They run
+    on the suite's Spark session (a JVM start less each); only the runs that are killed need a process."""
+    from sluice.streaming.cycle import run_cycle
+
     out = {}
     for catch_up in (False, True):
         home = tmp_path_factory.mktemp("clean")
         generate(home / "landing", CRASH_OPTIONS)
-        clean = _run_cli(home, CRASH_NOW, CATCH_UP if catch_up else None)
-        assert clean.returncode == 0, clean.stderr[-3000:]
+        settings = load_settings({**CRASH_ENV, **(CATCH_UP if catch_up else {})}, home=home)
+        clean = run_cycle(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), "ad_clicks_hourly",
+                          spark=spark)
+        assert clean.exit_code == 0, clean.render()
         assert (home / "lake/_checkpoints/pipelines/ad_clicks_hourly/catchup.json").exists() == catch_up
         out[catch_up] = _table_snapshot(home)
     return out

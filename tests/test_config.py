@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -145,6 +146,24 @@ def test_yaml_values_of_the_right_type_are_converted(tmp_path: Path) -> None:
     assert (s.shuffle_partitions, s.delta_engine, s.spark_master) == (3, "rs", "local[2]")
     assert s.lateness_threshold == 0.0 and s.landing == Path("/data/landing")
     assert s.windows["ad_clicks_hourly"] == (timedelta(hours=1), timedelta(minutes=30))
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, 2),  # the default master, local[2]
+        ({"SLUICE_SPARK_MASTER": "local[3]"}, 3),
+        ({"SLUICE_SPARK_MASTER": "local"}, 1),
+        ({"SLUICE_SPARK_MASTER": "local[*]"}, os.cpu_count()),
+        ({"SLUICE_SPARK_MASTER": "spark://127.0.0.1:7077"}, 4),
+        ({"SLUICE_SPARK_MASTER": "spark://127.0.0.1:7077", "SLUICE_SHUFFLE_PARTITIONS": "16"}, 16),
+        ({"SLUICE_SHUFFLE_PARTITIONS": "5"}, 5),
+    ],
+)
+def test_shuffle_partitions_follow_the_cores_of_a_local_master_unless_set(
+    env: dict[str, str], expected: int
+) -> None:
+    assert load_settings(env).shuffle_partitions == expected
 
 
 @pytest.mark.parametrize("value", ["0001-01-01T00:00:00Z", "0001-01-01T00:30:00+01:00", "9999-12-31T23:00:00Z"])

@@ -65,37 +65,35 @@ def land_boundary_data(settings: Settings) -> None:
     land(settings, "clicks", "c1.jsonl", [click("k1", "i2", "06:20"), click("k2", "i3", "06:40", "a2")], at("06:50"))
 
 
-@pytest.mark.parametrize("catchup_min_windows", [0, 1], ids=["streaming", "catch-up"])
 def test_a_window_whose_end_plus_bound_equals_the_watermark_closes_on_every_path(
-    spark: SparkSession, tmp_path: Path, catchup_min_windows: int
+    spark: SparkSession, tmp_path: Path
 ) -> None:
-    settings = home(tmp_path, "home", catchup_min_windows)
-    land_boundary_data(settings)
-    after = cycle(spark, settings, PIPELINE, at("06:55"))
-    caught_up = (after.checkpoints / "pipelines" / PIPELINE / "catchup.json").exists()
-    assert caught_up == bool(catchup_min_windows), "the catch-up path must be the one under test"
-    assert min(load_state(after, s).watermark for s in ("impressions", "clicks")) == at("06:30")
-    # [05:00, 06:00) ends exactly at W - 30 min: final (">="); [06:00, 07:00) is not.
-    assert windows(after) == [(at("04:00"), at("05:00")), (at("05:00"), at("06:00"))]
-    rows = {(r["window_start"], r["ad_id"]): (r["impressions"], r["clicks"]) for r in table(after, f"gold/{PIPELINE}")}
-    assert rows == {(at("04:00"), "a1"): (1, 0), (at("05:00"), "a1"): (2, 1)}
-    ledger = read_ledger(after, PIPELINE)
-    assert [(r.window_start, r.closed_by_watermark) for r in ledger] == [(at("04:00"), at("06:30")),
-                                                                          (at("05:00"), at("06:30"))]
-
-    # A backfill of the same range reproduces it exactly.
-    before = gold(after)
-    run_backfill(after, PIPELINE, at("04:00"), at("06:00"), spark=spark, deliver_alerts=False)
-    assert gold(after) == before
-
-
-def test_streaming_and_catch_up_homes_agree_on_the_boundary(spark: SparkSession, tmp_path: Path) -> None:
-    homes = [home(tmp_path, f"home{n}", n) for n in (0, 1)]
-    for settings in homes:
+    """The same data on a streaming home and on a batch catch-up home: each closes exactly the windows the
+    rule makes final, a backfill of them reproduces each, and both homes hold the same gold."""
+    homes = []
+    for catchup_min_windows in (0, 1):
+        settings = home(tmp_path, f"home{catchup_min_windows}", catchup_min_windows)
         land_boundary_data(settings)
-        cycle(spark, settings, PIPELINE, at("06:55"))
-    assert gold(homes[0]) == gold(homes[1])
-    assert gold(homes[0], "unmatched_clicks_hourly") == gold(homes[1], "unmatched_clicks_hourly")
+        after = cycle(spark, settings, PIPELINE, at("06:55"))
+        caught_up = (after.checkpoints / "pipelines" / PIPELINE / "catchup.json").exists()
+        assert caught_up == bool(catchup_min_windows), "each home must take the path it is there for"
+        assert min(load_state(after, s).watermark for s in ("impressions", "clicks")) == at("06:30")
+        # [05:00, 06:00) ends exactly at W - 30 min: final (">="); [06:00, 07:00) is not.
+        assert windows(after) == [(at("04:00"), at("05:00")), (at("05:00"), at("06:00"))]
+        rows = {(r["window_start"], r["ad_id"]): (r["impressions"], r["clicks"])
+                for r in table(after, f"gold/{PIPELINE}")}
+        assert rows == {(at("04:00"), "a1"): (1, 0), (at("05:00"), "a1"): (2, 1)}
+        ledger = read_ledger(after, PIPELINE)
+        assert [(r.window_start, r.closed_by_watermark) for r in ledger] == [(at("04:00"), at("06:30")),
+                                                                              (at("05:00"), at("06:30"))]
+        # A backfill of the same range reproduces it exactly.
+        before = gold(after)
+        run_backfill(after, PIPELINE, at("04:00"), at("06:00"), spark=spark, deliver_alerts=False)
+        assert gold(after) == before
+        homes.append(after)
+    streamed, caught_up_home = homes
+    assert gold(streamed) == gold(caught_up_home)
+    assert gold(streamed, "unmatched_clicks_hourly") == gold(caught_up_home, "unmatched_clicks_hourly")
 
 
 def test_a_window_closes_in_the_cycle_where_the_minimum_of_the_stored_watermarks_passes_it(
@@ -212,38 +210,42 @@ def assert_gold_is_exactly_the_final_windows(settings: Settings) -> datetime:
     return boundary
 
 
-@pytest.mark.parametrize("stream", two_streams.STREAMS)
 def test_a_record_accepted_exactly_at_the_watermark_is_in_every_streaming_window_that_holds_it(
-    spark: SparkSession, tmp_path: Path, stream: str
+    spark: SparkSession, tmp_path: Path
 ) -> None:
     """Ingest accepts ``event_time == watermark`` (late is below it); Spark's stateful operators drop
-    ``event_time <= their watermark``. The record at 09:58 must reach all three hopping windows that hold it,
-    on the streaming path, as a backfill computes them."""
+    ``event_time <= their watermark``. On both streams (``readings`` and ``txns``, whose event time is declared
+    as ``ts``), the record at 09:58 must reach all three hopping windows that hold it, on the streaming path,
+    as a backfill computes them."""
     settings = two_home(tmp_path)
-    other = "txns" if stream == "readings" else "readings"
     rec = two_streams.record
-    land(settings, stream, "f1.jsonl", [rec(stream, "x0", at("09:50")), rec(stream, "x1", at("10:00"))], at("10:01"))
-    land(settings, other, "o1.jsonl", [rec(other, "y1", at("10:00"))], at("10:01"))
+    for stream in two_streams.STREAMS:
+        land(settings, stream, f"{stream}-1.jsonl", [rec(stream, f"{stream}-x0", at("09:50")),
+                                                     rec(stream, f"{stream}-x1", at("10:00"))], at("10:01"))
     cycle(spark, settings, two_streams.PIPELINE, at("10:01"))
-    # Exactly at the stream's watermark (10:00 - 2 min): accepted.
-    land(settings, stream, "f2.jsonl", [rec(stream, "at-watermark", at("09:58"))], at("10:03"))
+    # Exactly at each stream's watermark (10:00 - 2 min): accepted.
+    for stream in two_streams.STREAMS:
+        land(settings, stream, f"{stream}-2.jsonl", [rec(stream, f"{stream}-at-watermark", at("09:58"))],
+             at("10:03"))
     second = cycle(spark, settings, two_streams.PIPELINE, at("10:03"))
-    [batch] = [r for r in load_state(second, stream).rows if r.source_file and r.source_file.endswith("f2.jsonl")]
-    assert (batch.accepted, batch.late, batch.watermark_before) == (1, 0, at("09:58"))
+    for stream in two_streams.STREAMS:
+        [batch] = [r for r in load_state(second, stream).rows
+                   if r.source_file and r.source_file.endswith(f"{stream}-2.jsonl")]
+        assert (batch.accepted, batch.late, batch.watermark_before) == (1, 0, at("09:58")), stream
     # Both streams move on: W = 10:23, so the windows ending by 10:13 close, through the streaming queries.
-    for name in (stream, other):
-        land(settings, name, "f3.jsonl", [rec(name, f"{name}-late-on", at("10:25"))], at("10:26"))
+    for stream in two_streams.STREAMS:
+        land(settings, stream, f"{stream}-3.jsonl", [rec(stream, f"{stream}-late-on", at("10:25"))], at("10:26"))
     third = cycle(spark, settings, two_streams.PIPELINE, at("10:26"))
     boundary = assert_gold_is_exactly_the_final_windows(third)
     assert boundary == at("10:13")
     holding = [(at(s), at(e)) for s, e in (("09:45", "10:00"), ("09:50", "10:05"), ("09:55", "10:10"))]
-    output, metric = ((two_streams.READINGS_OUT, "readings") if stream == "readings"
-                      else (two_streams.TXNS_OUT, "txns"))
-    assert [two_gold(third, output, metric)[w]["d1"] for w in holding] == [2, 3, 2]
+    outputs = ((two_streams.READINGS_OUT, "readings"), (two_streams.TXNS_OUT, "txns"))
+    for output, metric in outputs:
+        assert [two_gold(third, output, metric)[w]["d1"] for w in holding] == [2, 3, 2], output
     # The same windows from a backfill.
-    before = two_gold(third, output, metric)
+    before = {output: two_gold(third, output, metric) for output, metric in outputs}
     run_backfill(third, two_streams.PIPELINE, at("09:45"), at("10:00"), spark=spark, deliver_alerts=False)
-    assert two_gold(third, output, metric) == before
+    assert {output: two_gold(third, output, metric) for output, metric in outputs} == before
 
 
 @pytest.mark.parametrize("ahead", two_streams.STREAMS)

@@ -1,5 +1,5 @@
-"""The window-ledger page end to end, nothing mocked: a sluice home filled by real ``sluice`` CLI cycles (one
-window of each state), Airflow on 127.0.0.1 as it is deployed (``api-server`` with the simple auth manager,
+"""The window-ledger page end to end, nothing mocked: a sluice home filled by real cycles on the suite's Spark
+session (one window of each state), Airflow on 127.0.0.1 as it is deployed (``api-server`` with the simple auth manager,
 ``scheduler`` with the LocalExecutor and ``dag-processor``, on this repo's dags/ and plugins/), the API called
 with and without a user, and the page opened in headless Chromium (Debian's ``chromium``, driven by
 Playwright) after a real sign-in through Airflow's login form.
@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,10 @@ from urllib.parse import quote
 
 import httpx
 import pytest
+from pyspark.sql import SparkSession
 
 from sluice.airflow.defaults import airflow_env
+from sluice.config import Settings
 from support.airflow_servers import Servers, free_port, sqlite_metadata_db
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
@@ -78,22 +80,40 @@ def _run(args: list[str], env: dict[str, str], ok: tuple[int, ...] = (0,)) -> su
 
 
 @pytest.fixture(scope="module")
-def sluice_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Real cycles through the CLI, as a user would run them (about three Spark runs)."""
+def sluice_home(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real cycles and a backfill, on the suite's Spark session: the page reads what they wrote, and how a
+    cycle is started (CLI, DAG) is other tests' subject."""
+    from sluice.config import load_settings
+    from sluice.streaming.backfill import run_backfill
+    from sluice.streaming.cycle import run_cycle
+    from sluice_tools.generate import GenerateOptions, generate
+
     home = tmp_path_factory.mktemp("ledger-home")
-    env = _env(SLUICE_HOME=str(home))
-    sluice = [str(BIN / "sluice")]
-    generate = [*sluice, "generate", "--streams", "events", "--events-per-hour", "240", "--seed", "11"]
-    _run([*generate, "--hours", "1", "--late-share", "0.05"], env)
-    _run([*generate, "--start", "2024-05-01T01:00:00Z", "--hours", "2", "--late-share", "0"], env)
+    settings = load_settings({}, home=home)
+
+    def land(start: str, hours: int, late_share: float) -> None:
+        options = GenerateOptions(streams=("events",), events_per_hour=240, seed=11, start=_at(start), hours=hours,
+                                  late_share=late_share)
+        generate(settings.landing, options, specs=settings.streams)
+
+    def at(now: str) -> Settings:
+        return replace(settings, now_override=_at(now))
+
+    land("2024-05-01T00:00:00Z", 1, 0.05)
+    land("2024-05-01T01:00:00Z", 2, 0)
     # 00:00 fails. Its alert is delivered right away (no channel is configured: it is marked so), as any run
     # does: left pending, the next delivery, the send_alerts task of the page's backfill, would send it and
     # fail that run for a window it did not touch.
-    _run([*sluice, "run", PIPELINE, "--now", "2024-05-01T03:10:00Z"], env, ok=(2,))
-    _run([*generate, "--start", "2024-05-01T03:00:00Z", "--hours", "2", "--late-share", "0"], env)
-    _run([*sluice, "run", PIPELINE, "--now", NOW, "--skip-quality"], env)
-    _run([*sluice, "backfill", PIPELINE, "--start", "2024-05-01T03:00:00Z", "--end", "2024-05-01T04:00:00Z"], env)
+    assert run_cycle(at("2024-05-01T03:10:00Z"), PIPELINE, spark=spark).exit_code == 2
+    land("2024-05-01T03:00:00Z", 2, 0)
+    assert run_cycle(at(NOW), PIPELINE, spark=spark, check_quality=False).exit_code == 0
+    assert run_backfill(settings, PIPELINE, "2024-05-01T03:00:00Z", "2024-05-01T04:00:00Z",
+                        spark=spark).exit_code == 0
     return home
+
+
+def _at(value: str) -> datetime:
+    return datetime.fromisoformat(value)
 
 
 # -------------------------------------------------------------------------------------------------- Airflow
