@@ -66,6 +66,10 @@ class Settings:
     catchup_min_windows: int = 6
     spark_master: str = "local[2]"
     driver_memory: str = "2g"
+    # Where Spark keeps the stateful operators' state between micro-batches: hdfs (Spark's default provider:
+    # in executor memory, versioned to the checkpoint) or rocksdb (on local disk, for state beyond the heap).
+    # A query keeps the store of its first run (its checkpoint records it), so this only shapes new queries.
+    state_store: str = "hdfs"
     # The Delta engine behind the one seam: rs (delta-rs from the driver) or native (delta-spark, whose jars
     # every session carries).
     delta_engine: str = "rs"
@@ -297,6 +301,7 @@ def _timestamp(value: Any, key: str) -> datetime:
 
 STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
 DELTA_ENGINES = ("rs", "native")
+STATE_STORES = ("hdfs", "rocksdb")
 MIN_RETENTION_HOURS = 24
 
 # Global keys: YAML ``key`` or environment ``SLUICE_<KEY>``.
@@ -308,6 +313,7 @@ _GLOBALS: dict[str, Convert] = {
     "spark_master": _text("local[2] or spark://host:7077"),
     "driver_memory": _text("2g"),
     "delta_engine": _choice(DELTA_ENGINES),
+    "state_store": _choice(STATE_STORES),
     "vacuum_retention_hours": _whole(
         MIN_RETENTION_HOURS, " hours, so that running readers and retried writes never lose files"
     ),

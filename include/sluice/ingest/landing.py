@@ -73,8 +73,8 @@ LANDING_READ_OPTIONS = {
     "ignoreCorruptFiles": "true",
     # Hadoop's checksumming local file system derives a ".<name>.crc" path by parsing the file name as a
     # URI, which fails for names with ':' (events-2024-05-01T10:02:00Z.jsonl). The raw local file system
-    # reads the same bytes; it is set for this source only (uncached), because RocksDB's state store
-    # needs the checksumming one.
+    # reads the same bytes; it is set for this source only (uncached), because the checkpoints and state
+    # stores keep to the checksumming one.
     "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
     "fs.file.impl.disable.cache": "true",
     # SPARK-58518 (Spark 4.2.0): when a micro-batch holds a file whose name has one of [ ] { } * ? \, Spark

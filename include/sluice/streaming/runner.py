@@ -11,8 +11,8 @@ watermark ``W`` (the minimum of the stored per-stream watermarks, heartbeats inc
 ``W >= end + lateness_bound``. Every path that writes gold applies exactly this rule: the streaming
 queries, the batch catch-up, the batch close below, and backfills.
 
-**Streaming and the batch close.** Each output's streaming query (Spark's stateful operators, RocksDB
-state) writes the windows Spark closes. Spark closes on its own watermark, which only moves with rows it
+**Streaming and the batch close.** Each output's streaming query (Spark's stateful operators and their state
+store) writes the windows Spark closes. Spark closes on its own watermark, which only moves with rows it
 sees (never heartbeats), treats ``event_time <= watermark`` as late, evicts ``<=`` join state a
 millisecond later than the rule above, and forgets an input with no rows after a restart. An output that
 reads only some of the pipeline's streams has a Spark watermark of those streams only, which can run ahead
