@@ -9,10 +9,12 @@ import glob
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -835,6 +837,15 @@ def test_compact_and_vacuum_keep_the_rows_and_clear_what_no_version_needs(
     assert _delta_rows(events) == before
     compacted_away = _parquet_on_disk(events) - _live_files(events)
     assert len(compacted_away) >= 2
+    # A day's retention: a crashed write's file that no commit references, two days old, goes; the files the
+    # compaction removed a moment ago stay (a reader of the version before may still need them).
+    some = Path(sorted(compacted_away)[0])
+    orphan = some.with_name("part-00000-crashed-write.c000.snappy.parquet")
+    shutil.copyfile(some, orphan)
+    two_days_ago = time.time() - 48 * 3600
+    os.utime(orphan, (two_days_ago, two_days_ago))
+    assert engine.vacuum(events, 24) == 1
+    assert not orphan.exists() and _parquet_on_disk(events) - _live_files(events) == compacted_away
     # Retention 0 (sluice_maintenance never goes under a day): exactly the files no current version needs.
     assert engine.vacuum(events, 0) == len(compacted_away)
     assert _parquet_on_disk(events) == _live_files(events)

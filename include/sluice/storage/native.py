@@ -210,16 +210,21 @@ class NativeDeltaEngine:
     def vacuum(self, path: Path, retention_hours: int) -> int:
         if is_ops_table(path):
             return self._ops.vacuum(path, retention_hours)
-        # delta-spark refuses a retention under its 7-day default unless told; sluice's own floor is a day
-        # (config: MIN_RETENTION_HOURS), the same horizon the table's deletedFileRetentionDuration states.
-        check = "spark.databricks.delta.retentionDurationCheck.enabled"
-        self.spark.conf.set(check, "false")
+        # delta-spark refuses a retention under the table's deletedFileRetentionDuration unless told; sluice's
+        # own floor is a day (config: MIN_RETENTION_HOURS). And since Delta 4.1 it ignores any RETAIN but 0 in
+        # favour of that table property, which holds the retention of the table's creation: the retention
+        # asked for now (SLUICE_VACUUM_RETENTION_HOURS) is the one to apply, as delta-rs does.
+        scoped = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                  "spark.databricks.delta.vacuum.retentionWindowIgnore.enabled": "false"}
+        for key, value in scoped.items():
+            self.spark.conf.set(key, value)
         try:
             table = f"delta.`{path}`"
             doomed = self.spark.sql(f"VACUUM {table} RETAIN {retention_hours} HOURS DRY RUN").count()
             self.spark.sql(f"VACUUM {table} RETAIN {retention_hours} HOURS")
         finally:
-            self.spark.conf.unset(check)
+            for key in scoped:
+                self.spark.conf.unset(key)
         return doomed
 
 
