@@ -16,7 +16,7 @@ export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow
+.PHONY: class-data setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow
 
 java-check:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -34,7 +34,7 @@ chromium-check:
 	  echo "WARNING: no chromium (and no apt-get to install it): tests/web/test_ledger_page.py will fail"
 
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
-setup: java-check chromium-check $(STAMP) $(JARS_STAMP)
+setup: java-check chromium-check $(STAMP) $(JARS_STAMP) class-data
 	@# Older set-ups wrote a .pth that changed os.environ in every Python process of the venv: remove it.
 	@rm -f $(VENV)/lib/python*/site-packages/zz_sluice_airflow.pth
 $(STAMP): requirements.txt pyproject.toml
@@ -50,6 +50,11 @@ $(STAMP): requirements.txt pyproject.toml
 $(JARS_STAMP): include/sluice/core/jars.lock $(STAMP)
 	$(BIN)/python -m sluice.core.jars fetch
 	touch $(JARS_STAMP)
+
+# The JVM's class-data archive of a sluice run, in the jar cache, once per machine (keyed by Java, PySpark and
+# jars.lock; a present one is kept): every later Spark start maps those classes instead of loading them.
+class-data: $(STAMP) $(JARS_STAMP)
+	@$(BIN)/python -m sluice.core.class_data build
 
 run: setup
 	$(BIN)/sluice demo

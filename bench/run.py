@@ -572,6 +572,7 @@ def _counts(values: list[Any]) -> dict[str, int]:
 class Bench:
     def __init__(self, args: argparse.Namespace, work: Path):
         from sluice.config import load_settings
+        from sluice.core.class_data import java_options
         from sluice.core.spark import spark_conf
 
         self.args = args
@@ -580,6 +581,10 @@ class Bench:
         settings = load_settings({}, home=work / "settings-probe")
         self.master = settings.spark_master
         self.spark_conf = spark_conf(settings)
+        # The machine's class-data archive, which sluice's own driver JVM maps (sluice.core.class_data), for
+        # every contender: the ratios compare the work, not one side's JVM start-up.
+        if jvm := java_options():
+            self.spark_conf["spark.driver.extraJavaOptions"] = " ".join(jvm)
         bindir = Path(sys.executable).parent
         self.sluice = [str(bindir / "sluice")] if (bindir / "sluice").exists() else [sys.executable, "-m", "sluice.cli"]
         self.env = self._base_env(bindir)
@@ -962,8 +967,10 @@ class Bench:
             # job's spark.jars would reach only the executors).
             from sluice.core.spark import delta_jars
 
+            # Its driver JVM is started by spark-submit, before the job's builder: Java options go here.
+            jvm = self.spark_conf.get("spark.driver.extraJavaOptions")
             cmd = [str(Path(sys.executable).parent / "spark-submit"), "--master", self.master, "--jars",
-                   delta_jars(), *job]
+                   delta_jars(), *(["--conf", f"spark.driver.extraJavaOptions={jvm}"] if jvm else []), *job]
         else:
             cmd = [sys.executable, *job]
         run = self.record(stage, events, rep, cmd)

@@ -38,6 +38,7 @@ NOISE = [
 def test_spark_log_conf_points_at_the_packaged_properties(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.delenv("SPARK_CONF_DIR", raising=False)
     monkeypatch.delenv("PYSPARK_SUBMIT_ARGS", raising=False)
+    monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "jars"))  # no class-data archive (tests/core/test_class_data)
     conf = sluice_spark.log_conf()
     option = conf["spark.driver.extraJavaOptions"]
     assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()}"

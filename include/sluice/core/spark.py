@@ -15,6 +15,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.core.class_data import java_options
 
 
 def collected_utc(value: datetime) -> datetime:
@@ -91,14 +92,16 @@ LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 
 def log_conf() -> dict[str, str]:
     """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
-    without start-up chatter and known-harmless noise). Takes effect only when this process starts the driver
+    without start-up chatter and known-harmless noise), and the machine's class-data archive
+    (:mod:`sluice.core.class_data`) when it has one. Takes effect only when this process starts the driver
     JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
     configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
     SPARK_CONF_DIR)."""
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if "extraJavaOptions" in _submit_conf() or (conf_dir and (Path(conf_dir) / "log4j2.properties").is_file()):
         return {}
-    return {"spark.driver.extraJavaOptions": f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}"}
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", *java_options()]
+    return {"spark.driver.extraJavaOptions": " ".join(options)}
 
 
 def _submit_conf() -> str:
