@@ -1,4 +1,5 @@
-"""Shared fixtures: one session-scoped real Spark (local[2], UI off) for the whole suite."""
+"""Shared fixtures: one session-scoped real Spark (local[2], UI off) for the whole suite, and one real S3
+server (s3proxy on 127.0.0.1, ``s3``) for the tests that need object storage."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.core.spark import get_spark
+from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
 
 
 @pytest.fixture(autouse=True)

@@ -39,14 +39,15 @@ class Jar:
     artifact: str
     version: str
     sha256: str
+    classifier: str = ""  # e.g. jar-with-dependencies
 
     @property
     def coordinate(self) -> str:
-        return f"{self.group}:{self.artifact}:{self.version}"
+        return ":".join(filter(None, (self.group, self.artifact, self.version, self.classifier)))
 
     @property
     def file_name(self) -> str:
-        return f"{self.artifact}-{self.version}.jar"
+        return f"{self.artifact}-{self.version}{'-' + self.classifier if self.classifier else ''}.jar"
 
     @property
     def repo_path(self) -> str:
@@ -65,10 +66,11 @@ def locked(sets: Iterable[str] | None = None, lock: Path = LOCK) -> list[Jar]:
         fields = line.split("#", 1)[0].split()
         if not fields:
             continue
-        if len(fields) != 3 or fields[1].count(":") != 2 or len(fields[2]) != 64:
-            raise ValueError(f"{lock}:{number}: expected '<set> <group:artifact:version> <sha256>', got {line!r}")
-        group, artifact, version = fields[1].split(":")
-        jars.append(Jar(fields[0], group, artifact, version, fields[2].lower()))
+        if len(fields) != 3 or fields[1].count(":") not in (2, 3) or len(fields[2]) != 64:
+            raise ValueError(f"{lock}:{number}: expected '<set> <group:artifact:version[:classifier]> <sha256>', "
+                             f"got {line!r}")
+        group, artifact, version, *classifier = fields[1].split(":")
+        jars.append(Jar(fields[0], group, artifact, version, fields[2].lower(), *classifier))
     wanted = None if sets is None else set(sets)
     if wanted is not None and (unknown := wanted - {j.set for j in jars}):
         raise ValueError(f"no jar set {sorted(unknown)} in {lock}; sets: {sorted({j.set for j in jars})}")
