@@ -51,10 +51,10 @@ $(JARS_STAMP): include/sluice/core/jars.lock $(STAMP)
 	$(BIN)/python -m sluice.core.jars fetch
 	touch $(JARS_STAMP)
 
-# The JVM's class-data archive of a sluice run, in the jar cache, once per machine (keyed by Java, PySpark and
-# jars.lock; a present one is kept): every later Spark start maps those classes instead of loading them.
+# The JVM's class-data archive of a sluice run, in the jar cache, once per checkout (keyed by Java, PySpark's
+# install and the delta jars; a present one is kept): every later Spark start maps those classes.
 class-data: $(STAMP) $(JARS_STAMP)
-	@$(BIN)/python -m sluice.core.class_data build
+	@$(BIN)/python -m sluice.cli.class_data build
 
 run: setup
 	$(BIN)/sluice demo

@@ -23,8 +23,8 @@ from sluice.cli.status import status_data
 from sluice.config import load_settings
 from sluice.quality.freshness import open_windows
 from sluice.storage import tables
-from sluice.storage.engine import arrow_schema
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, read_ledger
+from sluice.storage.snapshots import arrow_schema
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 H = timedelta(hours=1)

@@ -19,8 +19,9 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import load_settings
-from sluice.storage.engine import RsDeltaEngine, read_small_table
+from sluice.storage.engine import RsDeltaEngine
 from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
+from sluice.storage.snapshots import read_small_table
 from sluice.storage.tables import INGEST_BATCHES
 
 PROCESSES = 4

@@ -13,7 +13,7 @@ from deltalake import DeltaTable, write_deltalake
 from sluice.config import Settings, load_settings
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
-from sluice.storage.engine import arrow_schema
+from sluice.storage.snapshots import arrow_schema
 from support.tutorial import write_tutorial
 
 PIPELINE = "device_temps"  # 15-minute windows every 5 minutes

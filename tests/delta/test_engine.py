@@ -769,7 +769,7 @@ def test_read_small_table_reads_each_file_once_and_follows_the_snapshot(tmp_path
     """Issue 13: ops tables are read many times per cycle and grow by a file per commit; each data file is
     read once per process, and every read still returns exactly the latest snapshot (appends, a rewrite
     that removes files, a column added)."""
-    from sluice.storage.engine import read_small_table
+    from sluice.storage.snapshots import read_small_table
 
     path = tmp_path / "ops"
 

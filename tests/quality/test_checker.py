@@ -14,8 +14,8 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.quality.checker import gold_rows
-from sluice.storage.engine import read_selected_rows
 from sluice.storage.engines import engine_for
+from sluice.storage.snapshots import read_selected_rows
 
 HOUR = timedelta(hours=1)
 T0 = datetime(2024, 5, 1, 10, tzinfo=UTC)

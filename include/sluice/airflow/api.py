@@ -23,8 +23,8 @@ from sluice.quality.checker import docs_dir
 from sluice.quality.freshness import open_windows
 from sluice.quality.validator import LATENESS, NO_NULL_KEYS
 from sluice.storage import tables
-from sluice.storage.engine import read_small_table
 from sluice.storage.ledger import STATES, LedgerRow, read_ledger
+from sluice.storage.snapshots import read_small_table
 
 #: Grid rows, in lifecycle order (late data waiting is ``late_waiting``, apart from the state); any other state
 #: found in the ledger is appended after these.

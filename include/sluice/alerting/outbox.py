@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from sluice.config import Settings
 from sluice.storage import tables
-from sluice.storage.engine import COMMIT_ATTEMPTS, CommitConflictError, commit_backoff, read_small_table
+from sluice.storage.engine import COMMIT_ATTEMPTS, CommitConflictError, commit_backoff
+from sluice.storage.snapshots import read_small_table
 
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert

@@ -195,12 +195,10 @@ def cmd_ingest(args: argparse.Namespace) -> int:
 def _require_bronze(settings: Settings, pipeline: str) -> None:
     """A backfill recomputes from bronze: without it there is nothing to do, most likely because SLUICE_HOME
     points at a fresh home instead of the one the runs use."""
-    from deltalake import DeltaTable
-
-    from sluice.storage import tables
+    from sluice.storage import snapshots, tables
 
     bronze = {s: tables.bronze(settings.stream(s)).path(settings) for s in settings.pipeline(pipeline).streams}
-    missing = [s for s, path in bronze.items() if not DeltaTable.is_deltatable(str(path))]
+    missing = [s for s, path in bronze.items() if not snapshots.exists(path)]
     if missing:
         raise ConfigError(
             f"nothing to backfill: no bronze table for {', '.join(missing)} under {settings.lake / 'bronze'}; "

@@ -7,11 +7,9 @@ from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
 
-import pyarrow as pa
-from deltalake import DeltaTable
-
 from sluice.config import Settings
 from sluice.ingest.landing import load_state
+from sluice.storage import snapshots
 
 
 def fmt_ts(value: datetime | None) -> str:
@@ -20,12 +18,9 @@ def fmt_ts(value: datetime | None) -> str:
 
 def table_rows(path: Path) -> int | None:
     """Row count of a Delta table from its log (numRecords of the live files), or None if absent."""
-    if not DeltaTable.is_deltatable(str(path)):
+    if not snapshots.exists(path):
         return None
-    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=True))
-    if actions.num_rows == 0:
-        return 0
-    return int(sum(n or 0 for n in actions.column("num_records").to_pylist()))
+    return sum(f.records or 0 for f in snapshots.live_files(path))
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -17,13 +17,12 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 
 from sluice.cli.output import rfc3339, stream_totals, window
 from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import ConfigError, Settings
 from sluice.ingest.landing import all_late, all_late_message, load_state, local_path
-from sluice.storage import tables
+from sluice.storage import snapshots, tables
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger, split_detail
 
 #: The ledger states counted per pipeline, after ``open`` (windows that hold data and are not closed yet,
@@ -210,7 +209,9 @@ def find_windows(settings: Settings, start: datetime, pipeline: str | None) -> l
 
 def _window_rows(path: Path, version: int, row: LedgerRow) -> list[dict[str, Any]]:
     """The gold rows of the window at ``version`` (time travel), without the window bounds."""
-    dataset = DeltaTable(str(path), version=version).to_pyarrow_dataset()
+    dataset = snapshots.dataset(path, version)
+    if dataset is None:
+        return []
     utc = pa.timestamp("us", "UTC")
     only = (pc.field("window_start") == pa.scalar(row.window_start, utc)) & (
         pc.field("window_end") == pa.scalar(row.window_end, utc))

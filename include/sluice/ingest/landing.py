@@ -50,7 +50,8 @@ from sluice.core.progress import nothing, progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
-from sluice.storage.engine import DeltaEngine, read_small_table
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.snapshots import read_small_table
 from sluice.storage.tables import HEARTBEAT_PREFIX
 
 log = logging.getLogger("sluice.ingest")

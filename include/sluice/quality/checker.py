@@ -32,7 +32,7 @@ from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
-from sluice.storage.engine import DeltaEngine, read_selected_rows
+from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import (
     LedgerRow,
     airflow_task,
@@ -42,6 +42,7 @@ from sluice.storage.ledger import (
     replace_windows,
     write_ledger,
 )
+from sluice.storage.snapshots import read_selected_rows
 
 log = logging.getLogger("sluice.quality")
 

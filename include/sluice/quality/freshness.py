@@ -38,17 +38,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
 from sluice.core.windows import first_window_start_at_or_after
-from sluice.storage import tables
+from sluice.storage import snapshots, tables
 
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert
@@ -198,18 +196,15 @@ def _earliest_record(path: Path) -> datetime | None:
     """The bronze table's earliest record: its event hours come from the Delta log (partition values), and
     only the files of the earliest hour holding a record are read (two columns). A table whose files alone
     are not its rows (reader protocol above 1) answers with that hour's start."""
-    if not DeltaTable.is_deltatable(str(path)):
+    table = snapshots.open_table(path)
+    if table is None:
         return None
-    table = DeltaTable(str(path))
-    actions = pa.table(table.get_add_actions(flatten=False))
     by_hour: dict[datetime, list[str]] = {}
-    if actions.num_rows:
-        for rel, part in zip(actions.column("path").to_pylist(), actions.column("partition").to_pylist(),
-                             strict=True):
-            hour = tables.partition_hour(part or {})
-            if hour is not None:
-                by_hour.setdefault(hour, []).append(str(path / unquote(rel)))
-    plain = table.protocol().min_reader_version <= 1
+    for file in snapshots.live_files(path, table):
+        hour = tables.partition_hour(file.partition)
+        if hour is not None:
+            by_hour.setdefault(hour, []).append(str(file.path))
+    plain = snapshots.rows_are_files(table)
     for hour in sorted(by_hour):
         if not plain:
             return hour

@@ -16,16 +16,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from deltalake import DeltaTable
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
-from sluice.storage import tables
+from sluice.storage import snapshots, tables
 
 Window = tuple[datetime, datetime]
 _LOCK = threading.Lock()
@@ -103,12 +101,9 @@ class DlqBuckets:
         known = self._load()
         live: dict[str, dict[int, int]] = {}
         for stream, path in sorted(self.paths.items()):
-            if not DeltaTable.is_deltatable(str(path)):
-                continue
-            actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
-            for rel in actions.column("path").to_pylist() if actions.num_rows else []:
-                key = f"{stream}/{rel}"
-                live[key] = known[key] if key in known else self._read(path / unquote(rel))
+            for file in snapshots.live_files(path):
+                key = f"{stream}/{file.relative}"
+                live[key] = known[key] if key in known else self._read(file.path)
         if live != known:
             self._save(live)
         return live

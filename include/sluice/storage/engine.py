@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import shutil
-import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -40,11 +39,14 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
+from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
+from sluice.storage import snapshots
+from sluice.storage.snapshots import arrow_schema, merged_rows
+
 if TYPE_CHECKING:
-    import pyarrow.compute as pc
+    pass
 
 
 log = logging.getLogger(__name__)
@@ -159,100 +161,9 @@ class DeltaEngine(Protocol):
         """Delete files no longer referenced and older than the retention; files deleted."""
 
 
-def arrow_schema(schema: StructType) -> Any:
-    return to_arrow_schema(schema, timezone="UTC")
-
-
 def spark_schema(table: DeltaTable) -> StructType:
     """The table's schema as Spark sees it (timestamps as UTC TimestampType, not NTZ)."""
     return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
-
-
-def _data_files(path: Path, table: DeltaTable) -> list[str]:
-    """The local paths of the data files of ``table``'s snapshot."""
-    actions = pa.table(table.get_add_actions(flatten=False))
-    return [str(path / unquote(p)) for p in actions.column("path").to_pylist()] if actions.num_rows else []
-
-
-def read_small_table(
-    path: Path, columns: Sequence[str] | None = None, *, table: DeltaTable | None = None
-) -> pa.Table | None:
-    """Read a small, unpartitioned sluice ops table (ledger, batch log) on the driver, without Spark.
-
-    Plain ``pyarrow.parquet`` over the live files from the log: no Python-backed filesystem, so it is safe
-    to call from Spark's foreachBatch callback threads. Reads ``table``'s snapshot when given (the latest
-    otherwise). Returns None when the table does not exist."""
-    if table is None:
-        if not DeltaTable.is_deltatable(str(path)):
-            return None
-        table = DeltaTable(str(path))
-    schema = pa.schema(table.schema().to_arrow())
-    files = _data_files(path, table)
-    if not files:
-        return schema.empty_table() if columns is None else schema.empty_table().select(list(columns))
-    data = pa.concat_tables(_file_tables(str(path), files, schema))
-    return data.select(list(columns)) if columns else data
-
-
-def read_selected_rows(path: Path, selection: pc.Expression) -> pa.Table | None:
-    """The rows of a table that ``selection`` picks, read on the driver without Spark: for a small part of a
-    table that may be large, such as the gold rows of the windows a data-quality step checks. pyarrow skips
-    the row groups whose Parquet statistics rule the selection out, so only the footers of the other files
-    are read. Returns None when the table does not exist, or when its files alone are not its rows (a reader
-    protocol above 1: column mapping or deletion vectors, e.g. written by delta-spark): read it with Spark."""
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    table = DeltaTable(str(path))
-    if table.protocol().min_reader_version > 1:
-        return None
-    schema = pa.schema(table.schema().to_arrow())
-    files = _data_files(path, table)
-    if not files:
-        return schema.empty_table()
-    import pyarrow.dataset as pads  # only here: it is not needed by most commands
-
-    return pads.dataset(files, schema=schema, format="parquet").to_table(filter=selection)
-
-
-# Ops tables are read many times per cycle and grow by one small file per commit, so a cycle that re-read
-# every file would cost O(history). A Delta data file never changes once written, so each is read once per
-# process and kept (per table, only the files of its latest snapshot; keyed by the schema it was read with).
-_FILES: dict[str, dict[tuple[str, pa.Schema], pa.Table]] = {}
-_FILES_LOCK = threading.Lock()
-
-
-def _file_tables(table_path: str, files: Sequence[str], schema: pa.Schema) -> list[pa.Table]:
-    with _FILES_LOCK:
-        cached = _FILES.get(table_path, {})
-    missing = [f for f in files if (f, schema) not in cached]
-    read = {(f, schema): pq.read_table(f, schema=schema) for f in missing}
-    with _FILES_LOCK:
-        live = {(f, schema) for f in files}
-        current = {k: v for k, v in {**_FILES.get(table_path, {}), **read}.items() if k in live}
-        _FILES[table_path] = current
-    return [current[(f, schema)] for f in files]
-
-
-def merged_rows(
-    path: Path,
-    rows: Sequence[Sequence[Any]],
-    schema: StructType,
-    *,
-    drop: Callable[[Mapping[str, Any]], bool],
-    order_by: Sequence[str],
-    table: DeltaTable | None = None,
-) -> pa.Table:
-    """The current rows of a small table (of ``table``'s snapshot when given) minus those ``drop`` selects,
-    plus ``rows``, sorted by ``order_by`` (nulls first)."""
-    current = read_small_table(path, table=table)
-    kept = [r for r in (current.to_pylist() if current is not None else []) if not drop(r)]
-    added = [dict(zip(schema.names, r, strict=True)) for r in rows]
-
-    def key(row: Mapping[str, Any]) -> tuple[Any, ...]:
-        return tuple((row[c] is not None, row[c]) for c in order_by)
-
-    merged = sorted([*kept, *added], key=key)
-    return pa.Table.from_pylist(merged, arrow_schema(schema))
 
 
 def _stats_for(file: Path) -> str:
@@ -302,7 +213,7 @@ class RsDeltaEngine:
         return DeltaTable(str(path))
 
     def committed_version(self, path: Path, app_id: str) -> int | None:
-        return self._table(path).transaction_version(app_id)
+        return snapshots.app_version(path, app_id)
 
     def schema(self, path: Path) -> StructType:
         return spark_schema(self._table(path))
@@ -496,7 +407,7 @@ class RsDeltaEngine:
             now_ms = int(time.time() * 1000)
             actions: Actions = [
                 RemoveAction(path=r, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
-                for r, _values, size in self._files(table, None)
+                for r, _values, size in self._files(path, table, None)
             ]
             actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values={},
                                      modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
@@ -519,7 +430,7 @@ class RsDeltaEngine:
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         def build(table: DeltaTable) -> Actions:
-            victims = self._files(table, files)
+            victims = self._files(path, table, files)
             kept = keep(self._read_files(path, table, victims))
             # Materialise before the victims disappear from the log (the files stay on disk until VACUUM,
             # so this is about a consistent plan, not about data loss).
@@ -544,15 +455,12 @@ class RsDeltaEngine:
 
     # -- reads --------------------------------------------------------------------------------------
     @staticmethod
-    def _files(table: DeltaTable, files: PartitionPredicate | None) -> list[tuple[str, dict[str, Any], int]]:
-        adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
-        chosen = []
-        for add in adds:
-            # delta-rs hands partition values back typed (date, int); predicates see them that way.
-            values = dict(add.get("partition") or {})
-            if files is None or files(values):
-                # The log stores paths URI-encoded (region=c%3Ad on disk is region=c%253Ad there).
-                chosen.append((unquote(add["path"]), values, int(add["size_bytes"])))
+    def _files(
+        path: Path, table: DeltaTable, files: PartitionPredicate | None
+    ) -> list[tuple[str, dict[str, Any], int]]:
+        # delta-rs hands partition values back typed (date, int); predicates see them that way.
+        chosen = [(f.relative, dict(f.partition), f.size) for f in snapshots.live_files(path, table)
+                  if files is None or files(f.partition)]
         return sorted(chosen, key=lambda item: item[0])
 
     def _read_files(
@@ -568,7 +476,7 @@ class RsDeltaEngine:
 
     def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
         table = self._table(path)
-        return self._read_files(path, table, self._files(table, files))
+        return self._read_files(path, table, self._files(path, table, files))
 
     def read_stream(
         self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
@@ -584,13 +492,7 @@ class RsDeltaEngine:
         return reader.load()
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
-        out = []
-        for entry in self._table(path).history(limit):
-            # Our own commits carry "sluice"; the native connector's carry "userMetadata".
-            raw = entry.get("sluice") or entry.get("userMetadata")
-            if raw:
-                out.append(json.loads(raw))
-        return out
+        return [meta for _version, meta in snapshots.commit_metadata(path, limit)]
 
     # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
     def compact(self, path: Path) -> int:

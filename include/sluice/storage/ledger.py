@@ -38,8 +38,8 @@ from sluice.storage.engine import (
     CommitConflictError,
     DeltaEngine,
     commit_backoff,
-    read_small_table,
 )
+from sluice.storage.snapshots import read_small_table
 from sluice.storage.tables import DQ_RESULTS, TableDef
 
 WINDOW_LEDGER = TableDef(

@@ -21,11 +21,11 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from sluice.storage import snapshots
 from sluice.storage.engine import PartitionPredicate, RsDeltaEngine, _maybe_kill
 from sluice.storage.tables import is_ops_table
 
@@ -39,8 +39,8 @@ class NativeDeltaEngine:
     def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
         self.spark = spark
         self.properties = dict(properties or {})
-        # The ops tables' engine, and the log reader for app transactions and commit metadata (reading a
-        # Delta log is engine-neutral; writing is not).
+        # The ops tables' engine. App transactions and commit metadata are read from the log by
+        # sluice.storage.snapshots (reading a Delta log is engine-neutral; writing is not).
         self._ops = RsDeltaEngine(spark, properties)
 
     # -- tables -------------------------------------------------------------------------------------
@@ -66,7 +66,7 @@ class NativeDeltaEngine:
         builder.execute()
 
     def committed_version(self, path: Path, app_id: str) -> int | None:
-        return self._ops.committed_version(path, app_id)
+        return snapshots.app_version(path, app_id)
 
     def _done(self, path: Path, app_id: str, version: int) -> bool:
         done = self.committed_version(path, app_id)
@@ -174,10 +174,10 @@ class NativeDeltaEngine:
     def _partitions(path: Path, files: PartitionPredicate) -> list[dict[str, Any]] | None:
         """The partitions whose typed values (date, int: what the predicates compare) ``files`` chooses;
         None for an unpartitioned table (the predicate cannot choose among its files)."""
-        table = DeltaTable(str(path))
-        if not table.metadata().partition_columns:
+        table = snapshots.open_table(path)
+        if table is None or not table.metadata().partition_columns:
             return None
-        distinct = {tuple(sorted(values.items())): values for _rel, values, _size in RsDeltaEngine._files(table, None)}
+        distinct = {tuple(sorted(f.partition.items())): dict(f.partition) for f in snapshots.live_files(path, table)}
         return [values for _key, values in sorted(distinct.items(), key=lambda kv: repr(kv[0])) if files(values)]
 
     def read_stream(
@@ -195,7 +195,7 @@ class NativeDeltaEngine:
         return frame
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
-        return self._ops.history_metadata(path, limit)
+        return [meta for _version, meta in snapshots.commit_metadata(path, limit)]
 
 
     # -- housekeeping (sluice_maintenance) ----------------------------------------------------------

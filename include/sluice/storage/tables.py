@@ -11,7 +11,6 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.types import (
     BooleanType,
     DataType,
@@ -228,19 +227,13 @@ def table_properties(settings: Settings) -> dict[str, str]:
 def bronze_hours(path: Path) -> dict[datetime, int]:
     """Event hours present in a bronze table and their record counts (heartbeats included), from the
     partition values and file statistics in the Delta log: no data file is read."""
-    from deltalake import DeltaTable
+    from sluice.storage.snapshots import live_files
 
-    if not DeltaTable.is_deltatable(str(path)):
-        return {}
-    actions = pa.table(DeltaTable(str(path)).get_add_actions(flatten=False))
     hours: dict[datetime, int] = {}
-    if not actions.num_rows:
-        return hours
-    for part, records in zip(actions.column("partition").to_pylist(), actions.column("num_records").to_pylist(),
-                             strict=True):
-        hour = partition_hour(part or {})
+    for file in live_files(path):
+        hour = partition_hour(file.partition)
         if hour is not None:
-            hours[hour] = hours.get(hour, 0) + int(records or 0)
+            hours[hour] = hours.get(hour, 0) + (file.records or 0)
     return hours
 
 

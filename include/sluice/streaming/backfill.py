@@ -44,7 +44,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from deltalake import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -56,6 +55,7 @@ from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
+from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_snapshot
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.engines import engine_for
@@ -321,9 +321,9 @@ class Backfill:
             meta.update(start=req.start, end=req.end)
         else:
             meta["windows"] = [[s.isoformat(), e.isoformat()] for s, e in req.windows]
-        before = DeltaTable(str(path)).version()
+        before = snapshots.version(path)
         if self.engine.replace(rows, path, keep=keep, app_id=app, version=version, metadata=meta):
-            return (before, DeltaTable(str(path)).version())
+            return (before, snapshots.version(path))
         # Committed by an earlier attempt of the same write (a backfill or correction resumed after a crash).
         committed = commit_version(path, app, version)
         return (committed - 1, committed) if committed is not None else (before, before)
@@ -390,13 +390,9 @@ def input_spans(windows: Sequence[Window], margin: timedelta) -> list[tuple[date
 def commit_version(path: Path, app_id: str, version: int, *, depth: int = 100) -> int | None:
     """The table version whose commit carries app transaction ``(app_id, version)``, from the commit metadata
     of the newest ``depth`` commits (written by :meth:`Backfill._replace`); None if not among them."""
-    for entry in DeltaTable(str(path)).history(depth):
-        raw = entry.get("sluice") or entry.get("userMetadata")
-        if not raw:
-            continue
-        meta = json.loads(raw)
+    for table_version, meta in snapshots.commit_metadata(path, depth):
         if meta.get("app") == app_id and meta.get("app_version") == version:
-            return int(entry["version"])
+            return table_version
     return None
 
 
@@ -456,7 +452,7 @@ def new_backfill_plan(settings: Settings, engine: DeltaEngine, request: Backfill
     late counts and validation rounds of its windows as they are now, before anything is rewritten."""
     pipeline = request.pipeline
     paths = {o.name: o.path(settings) for o in pipeline.outputs}
-    version = max(next_version(engine, path, f"{Commits().prefix}.{name}") if DeltaTable.is_deltatable(str(path))
+    version = max(next_version(engine, path, f"{Commits().prefix}.{name}") if snapshots.exists(path)
                   else 0 for name, path in paths.items())
     rows = [r for r in read_ledger(settings, pipeline.name) if request.start <= r.window_start < request.end]
     plan = BackfillPlan(request.start, request.end, request.include_late, version,

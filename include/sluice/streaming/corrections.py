@@ -49,7 +49,6 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from deltalake import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
@@ -60,6 +59,7 @@ from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import format_duration
 from sluice.quality.checker import QualityReport
+from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_counts, dlq_paths
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import (
@@ -92,14 +92,14 @@ ROWS = "rows"  # the measure that counts a window's gold rows
 def dlq_mark(paths: Mapping[str, Path]) -> int:
     """Sum over the DLQ tables of (Delta version + 1), 0 for one not created yet: grows with every DLQ commit,
     so it orders scans without keeping one version per stream."""
-    return sum(DeltaTable(str(p)).version() + 1 for p in paths.values() if DeltaTable.is_deltatable(str(p)))
+    return sum(snapshots.version(p) + 1 for p in paths.values())
 
 
 def scan_amendments(settings: Settings, engine: DeltaEngine, pipeline: PipelineDef) -> list[Window]:
     """Flag closed windows that late records landed for since they were last built or checked (see the
     module docstring); returns the windows amended by this scan."""
     ledger_path = WINDOW_LEDGER.path(settings)
-    if not DeltaTable.is_deltatable(str(ledger_path)):
+    if not snapshots.exists(ledger_path):
         return []  # no window has closed yet: closing counts the DLQ itself
     paths = dlq_paths(settings, pipeline)
     # The versions first, then the data: the count sees at least what the mark claims.
@@ -409,7 +409,7 @@ def window_totals(spark: SparkSession, settings: Settings, engine: DeltaEngine, 
     out: Totals = {}
     for output in pipeline.outputs:
         path = output.path(settings)
-        if DeltaTable.is_deltatable(str(path)):
+        if snapshots.exists(path):
             out[output.table_name] = output_totals(engine.read(path), output, chosen, bounds)
     return out
 

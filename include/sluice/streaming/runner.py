@@ -47,7 +47,6 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -60,7 +59,7 @@ from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
 from sluice.core.spark import collected_utc
 from sluice.core.windows import WindowSpec
 from sluice.ingest.landing import load_state
-from sluice.storage import tables
+from sluice.storage import snapshots, tables
 from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version, read_ledger, write_ledger
@@ -181,7 +180,7 @@ def ensure_output_table(
     spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef, output: OutputDef
 ) -> None:
     path = output.path(settings)
-    if not DeltaTable.is_deltatable(str(path)):
+    if not snapshots.exists(path):
         engine.ensure_table(path, gold_schema(spark, settings, pipeline, output))
 
 
@@ -369,10 +368,9 @@ class PipelineRunner:
     def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
         """Windows of gold ending after ``after``, with their row counts (metadata-sized: gold holds one row
         per window and key)."""
-        path = output.path(self.settings)
-        if not DeltaTable.is_deltatable(str(path)):
+        dataset = snapshots.dataset(output.path(self.settings))
+        if dataset is None:
             return {}
-        dataset = DeltaTable(str(path)).to_pyarrow_dataset()
         filt = None if after is None else pc.field("window_end") > pa.scalar(after, pa.timestamp("us", "UTC"))
         data = dataset.to_table(columns=["window_start", "window_end"], filter=filt)
         counts: dict[Window, int] = {}
@@ -541,7 +539,7 @@ class PipelineRunner:
         versions = {}
         for stream in self.pipeline.streams:
             path = tables.bronze(self.settings.stream(stream)).path(self.settings)
-            versions[stream] = DeltaTable(str(path)).version() if DeltaTable.is_deltatable(str(path)) else -1
+            versions[stream] = snapshots.version(path)
         return versions
 
     def _start_output(
