@@ -78,7 +78,7 @@ def build(cache: Path | None = None, out: TextIO = sys.stderr) -> Path | None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="sluice-class-data-") as tmp:
         dump = Path(tmp) / "archive.jsa"
-        print(f"class data: training a Spark run to write {target} (about a minute, once per machine)", file=out)
+        print(f"class data: training a Spark run to write {target} (about a minute, once per checkout)", file=out)
         env = {**os.environ, DUMP_ENV: str(dump)}
         done = subprocess.run([sys.executable, "-m", "sluice.cli.class_data", "train", tmp], env=env,
                               capture_output=True, text=True, check=False)
