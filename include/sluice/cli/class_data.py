@@ -87,8 +87,11 @@ def build(cache: Path | None = None, out: TextIO = sys.stderr) -> Path | None:
                   f"archive. Its output ends:\n{done.stderr[-2000:]}", file=out)
             return None
         os.chmod(dump, 0o644)
-        shutil.move(dump, target.with_suffix(".part"))
-        os.replace(target.with_suffix(".part"), target)
+        # Into the cache's folder under a name of this build's own, then renamed into place: a concurrent
+        # build or a crash never leaves a partial archive under the final name (one crashes the JVM).
+        part = target.with_name(f"{target.name}.{os.getpid()}.part")
+        shutil.move(dump, part)
+        os.replace(part, target)
     return target
 
 

@@ -18,9 +18,10 @@ def fmt_ts(value: datetime | None) -> str:
 
 def table_rows(path: Path) -> int | None:
     """Row count of a Delta table from its log (numRecords of the live files), or None if absent."""
-    if not snapshots.exists(path):
+    table = snapshots.open_table(path)
+    if table is None:
         return None
-    return sum(f.records or 0 for f in snapshots.live_files(path))
+    return sum(f.records or 0 for f in snapshots.live_files(path, table))
 
 
 def render_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:

@@ -15,7 +15,7 @@ filesystem backend, guarantee (a conditional overwrite, ``If-Match``, is not ato
   its commit, instead of writing beside the new holder.
 * A holder killed with SIGKILL writes nothing more: the others wait at most its TTL.
 
-Old generations are deleted by the holder that released them (only the newest two matter).
+Old generations are deleted by the holder that released them (only the newest one matters).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 from urllib.parse import quote, unquote
 
 import pyarrow as pa
@@ -44,10 +44,6 @@ from pyspark.sql.types import StructType
 
 from sluice.storage import snapshots
 from sluice.storage.snapshots import arrow_schema, merged_rows
-
-if TYPE_CHECKING:
-    pass
-
 
 log = logging.getLogger(__name__)
 

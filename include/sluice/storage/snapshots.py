@@ -115,10 +115,9 @@ def read_small_table(
     Plain ``pyarrow.parquet`` over the live files from the log: no Python-backed filesystem, so it is safe
     to call from Spark's foreachBatch callback threads. Reads ``table``'s snapshot when given (the latest
     otherwise). Returns None when the table does not exist."""
+    table = table if table is not None else open_table(path)
     if table is None:
-        if not DeltaTable.is_deltatable(str(path)):
-            return None
-        table = DeltaTable(str(path))
+        return None
     schema = pa.schema(table.schema().to_arrow())
     files = _data_files(path, table)
     if not files:
@@ -133,10 +132,8 @@ def read_selected_rows(path: Path, selection: pc.Expression) -> pa.Table | None:
     the row groups whose Parquet statistics rule the selection out, so only the footers of the other files
     are read. Returns None when the table does not exist, or when its files alone are not its rows (a reader
     protocol above 1: column mapping or deletion vectors, e.g. written by delta-spark): read it with Spark."""
-    if not DeltaTable.is_deltatable(str(path)):
-        return None
-    table = DeltaTable(str(path))
-    if table.protocol().min_reader_version > 1:
+    table = open_table(path)
+    if table is None or not rows_are_files(table):
         return None
     schema = pa.schema(table.schema().to_arrow())
     files = _data_files(path, table)
