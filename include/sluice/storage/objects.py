@@ -1,0 +1,163 @@
+"""The driver's own objects under a root: state documents, landing listings, put-if-absent.
+
+One protocol, :class:`ObjectStore`, over a local folder (:class:`LocalStore`) and an S3 prefix
+(:class:`S3Store`). Keys are ``/``-separated and relative to the root. What each operation promises on both:
+
+* ``get`` reads a whole object; ``None`` when there is none.
+* ``put`` replaces a whole object: a reader sees the old bytes or the new ones, never a mix (an S3 PUT is
+  atomic; locally the bytes go to a temporary file that is renamed over the old one).
+* ``create`` writes only when the key does not exist yet (``If-None-Match: *`` on S3, ``O_EXCL`` locally), so
+  of several writers exactly one wins.
+* ``list`` yields the objects directly in a folder, with their ``LastModified`` (S3) or mtime (local), page by
+  page: a folder with 100,000 objects never sits in memory as one response.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from sluice.storage.lake import Credentials, Root
+
+PAGE_SIZE = 1000  # S3's own maximum per ListObjectsV2 page
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    name: str  # the last part of the key: the file name
+    key: str  # relative to the store's root
+    size: int
+    modified: datetime  # UTC: LastModified on S3, the mtime locally
+    uri: str  # what Spark and delta-rs read
+
+
+class ObjectStore(Protocol):
+    root: Root
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def put(self, key: str, data: bytes) -> None: ...
+
+    def create(self, key: str, data: bytes) -> bool: ...
+
+    def delete(self, key: str) -> None: ...
+
+    def list(self, folder: str) -> Iterator[ObjectInfo]: ...
+
+
+class LocalStore:
+    def __init__(self, root: Root) -> None:
+        self.root = root
+
+    def _path(self, key: str) -> Path:
+        return self.root.local(key)
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+
+    def create(self, key: str, data: bytes) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        with os.fdopen(handle, "wb") as out:
+            out.write(data)
+        return True
+
+    def delete(self, key: str) -> None:
+        self._path(key).unlink(missing_ok=True)
+
+    def list(self, folder: str) -> Iterator[ObjectInfo]:
+        base = self._path(folder)
+        try:
+            entries = os.scandir(base)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with entries:
+            for entry in entries:
+                if not entry.is_file():
+                    continue
+                stat = entry.stat()
+                key = f"{folder.strip('/')}/{entry.name}" if folder.strip("/") else entry.name
+                yield ObjectInfo(entry.name, key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=UTC),
+                                 os.path.join(base, entry.name))
+
+
+class S3Store:
+    def __init__(self, root: Root, client: Any, *, page_size: int = PAGE_SIZE) -> None:
+        self.root = root
+        self.client = client
+        self.page_size = page_size
+
+    def get(self, key: str) -> bytes | None:
+        try:
+            body: bytes = self.client.get_object(Bucket=self.root.bucket, Key=self.root.key(key))["Body"].read()
+        except self.client.exceptions.NoSuchKey:
+            return None
+        return body
+
+    def put(self, key: str, data: bytes) -> None:
+        self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data)
+
+    def create(self, key: str, data: bytes) -> bool:
+        try:
+            self.client.put_object(Bucket=self.root.bucket, Key=self.root.key(key), Body=data, IfNoneMatch="*")
+        except self.client.exceptions.ClientError as exc:
+            # 412: it exists. 409: a concurrent create of the same key is in flight (S3 asks to retry).
+            if exc.response.get("Error", {}).get("Code") in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def delete(self, key: str) -> None:
+        self.client.delete_object(Bucket=self.root.bucket, Key=self.root.key(key))
+
+    def list(self, folder: str) -> Iterator[ObjectInfo]:
+        prefix = self.root.key(folder).rstrip("/") + "/" if self.root.key(folder) else ""
+        token: str | None = None
+        while True:
+            # Delimiter: the folder's own objects only, as a local listing of one folder has them.
+            kwargs: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "Delimiter": "/",
+                                      "MaxKeys": self.page_size}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page = self.client.list_objects_v2(**kwargs)
+            for item in page.get("Contents", []):
+                name = item["Key"][len(prefix):]
+                relative = item["Key"][len(self.root.path) + 1:] if self.root.path else item["Key"]
+                yield ObjectInfo(name, relative, int(item["Size"]), item["LastModified"].astimezone(UTC),
+                                 f"s3://{self.root.bucket}/{item['Key']}")
+            if not page.get("IsTruncated"):
+                return
+            token = page["NextContinuationToken"]
+
+
+def store_for(root: Root, credentials: Credentials | None = None) -> ObjectStore:
+    """The store of ``root``: its folder, or its bucket and prefix through the credentials."""
+    if root.is_local:
+        return LocalStore(root)
+    return S3Store(root, (credentials or Credentials.from_env()).boto3_client())
