@@ -186,3 +186,14 @@ def test_parsing_in_process_starts_no_spark(monkeypatch: pytest.MonkeyPatch, tmp
 
         assert SparkSession.getActiveSession() is None
     assert not home.exists()
+
+
+def test_every_task_of_every_dag_alerts_when_it_fails(dagbag: Any) -> None:
+    """Issue 28: not only the Spark tasks; choose_path, validate_params, send_alerts and maintenance too."""
+    from sluice.airflow.factory import task_failure_alert
+
+    for dag_id in sorted(EXPECTED):
+        for task in dagbag.dags[dag_id].tasks:
+            callbacks = task.on_failure_callback
+            callbacks = callbacks if isinstance(callbacks, list) else [callbacks]
+            assert task_failure_alert in callbacks, (dag_id, task.task_id, callbacks)

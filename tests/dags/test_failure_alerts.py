@@ -73,3 +73,33 @@ def test_a_crashed_spark_task_raises_a_task_failure_alert(
     outbox = DeltaTable(str(sluice_home.home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
     assert [(r["kind"], r["channels"], r["alert_id"]) for r in outbox] == [
         ("task_failure", "webhook", post["alert_id"])]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_task_that_is_not_spark_alerts_too_and_send_alerts_does_not_repeat_its_alerts(
+    sluice_home: Any, airflow_db: Path, run_dag: Any, webhook: WebhookServer
+) -> None:
+    """Issue 28: a backfill asked for a range that ends before it starts fails at validate_params, which alerts
+    as every task does; the callback stays quiet for send_alerts' own deliberate failure (its alerts are the
+    news)."""
+    from airflow.sdk.exceptions import AirflowFailException
+
+    from sluice.airflow.factory import AlertsRaised, task_failure_alert
+
+    sluice_home.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
+    sluice_home.set_now(datetime(2024, 5, 1, 12, tzinfo=UTC))
+    conf = {"pipeline": "ad_clicks_hourly", "start": "2024-05-01T02:00:00Z", "end": "2024-05-01T00:00:00Z",
+            "include_late": False}
+    run = run_dag("sluice_backfill", datetime(2025, 6, 3, tzinfo=UTC), run_conf=conf)
+    states = {ti.task_id: state(ti.state) for ti in run.get_task_instances()}
+    assert states["validate_params"] == "failed", states
+    [post] = webhook.posts()
+    assert post["kind"] == "task_failure" and post["pipeline"] == "ad_clicks_hourly"
+    [item] = post["failed"]
+    assert item["expectation"] == "task:sluice_backfill.validate_params"
+    assert item["observed_value"].startswith(f"run {run.run_id} try 1: backfill range is empty or reversed")
+
+    task_failure_alert({"exception": AlertsRaised("2 alert(s) of p raised and sent"), "dag": None})
+    assert len(webhook.posts()) == 1
+    assert issubclass(AlertsRaised, AirflowFailException)  # still fails the task without retries

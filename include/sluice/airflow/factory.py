@@ -31,7 +31,7 @@ import pendulum
 from airflow.exceptions import AirflowTimetableInvalid
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, AssetAlias, BaseHook, CronDataIntervalTimetable, Param, TriggerRule
-from airflow.sdk.exceptions import AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
 from sluice.core.model import PipelineDef
@@ -43,10 +43,6 @@ REPO_ROOT = Path(__file__).resolve().parents[3]
 JOBS_DIR = REPO_ROOT / "jobs"
 SPARK_CONN_ID = "spark_default"
 LOCAL_MASTER = "local[*]"
-
-# Retries cover transient failures (a killed JVM, a busy machine); every write is idempotent, so a retry
-# resumes where the failed attempt stopped.
-DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2, "retry_delay": timedelta(minutes=1)}
 
 JOB = "sluice_job"  # the one generic spark-submit entry point under jobs/
 START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
@@ -167,9 +163,24 @@ _BLOCKED_DB_URL = "airflow-db-not-allowed:"
 def task_failure_alert(context: Any) -> None:
     """``on_failure_callback`` of sluice's Spark tasks: a ``task_failure`` alert (webhook, email, ops/alerts)
     naming the DAG, task, run and error (:func:`sluice.alerting.outbox.on_task_failure`)."""
+    if isinstance(context.get("exception"), AlertsRaised):
+        return  # send_alerts failed the run on purpose, after sending (or keeping pending) those alerts
     from sluice.alerting.outbox import on_task_failure
 
     on_task_failure(context)
+
+
+class AlertsRaised(AirflowFailException):
+    """``send_alerts`` fails the run on purpose: its alerts are the notification, so no ``task_failure``
+    alert repeats them."""
+
+
+# Retries cover transient failures (a killed JVM, a busy machine); every write is idempotent, so a retry
+# resumes where the failed attempt stopped. Every task of every sluice DAG alerts when it fails for good (its
+# retries used up): the Spark tasks, and also choose_path, validate_params, send_alerts (unless it failed on
+# purpose) and the maintenance tasks.
+DEFAULT_ARGS: dict[str, Any] = {"owner": "sluice", "retries": 2, "retry_delay": timedelta(minutes=1),
+                                "on_failure_callback": task_failure_alert}
 
 
 class SluiceSparkSubmitOperator(SparkSubmitOperator):
@@ -184,7 +195,8 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         kwargs.setdefault("conn_id", SPARK_CONN_ID)
         kwargs.setdefault("name", kwargs.get("task_id", "sluice"))
         kwargs.setdefault("conf", {"spark.sql.session.timeZone": "UTC", "spark.ui.showConsoleProgress": "false"})
-        # A Spark task that fails for good (retries used up) alerts through sluice's notifiers and outbox.
+        # A Spark task that fails for good (retries used up) alerts through sluice's notifiers and outbox, in
+        # sluice's DAGs (DEFAULT_ARGS) and in a team's own DAG that uses this operator.
         kwargs.setdefault("on_failure_callback", task_failure_alert)
         conn_id = kwargs["conn_id"]
         super().__init__(**kwargs)
@@ -333,8 +345,6 @@ def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS)
 
     @task(task_id=SEND_ALERTS, retries=0, trigger_rule=trigger_rule)
     def send_alerts(pipeline_name: str) -> int:
-        from airflow.sdk.exceptions import AirflowFailException
-
         from sluice.alerting.outbox import deliver_pending
         from sluice.config import load_settings
 
@@ -344,12 +354,12 @@ def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS)
         # Notices (corrections) are informational; failures, stale windows and unreadable files fail the run.
         errors = [a for a in report.delivered + report.undelivered if a.level != "info"]
         if report.undelivered:
-            raise AirflowFailException(
+            raise AlertsRaised(
                 f"{len(report.undelivered)} alert(s) of {pipeline_name} could not be delivered through any "
                 "channel; they stay pending in ops/alerts and the next run retries them"
             )
         if errors:
-            raise AirflowFailException(f"{len(errors)} alert(s) of {pipeline_name} raised and sent: "
+            raise AlertsRaised(f"{len(errors)} alert(s) of {pipeline_name} raised and sent: "
                                        + "; ".join(a.summary for a in errors[:5]))
         return len(report.delivered)
 
