@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.ingest.landing import load_state, run_ingest
-from sluice.storage.engine import RsDeltaEngine
+from sluice.storage.engines import engine_for
 from sluice_tools.generate import QUARANTINE_REASONS, GenerateOptions, Manifest, generate
 
 pytestmark = pytest.mark.spark
@@ -116,7 +116,7 @@ def test_every_line_is_accounted_for_over_several_cycles(
     for stream in STREAMS:
         assert all(manifest.streams[stream].quarantined[r] > 0 for r in QUARANTINE_REASONS), stream
     start = options.start.timestamp()
-    engine = RsDeltaEngine(spark)
+    engine = engine_for(spark, settings)
     # Three cycles, each seeing the files that have arrived by then (one inside the idle gap).
     for cut_hours in (0.75, 1.25, 2.2):
         cut = start + cut_hours * 3600

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from sluice.cli.status import render_status
 from sluice.config import Settings
 from sluice.ingest.landing import load_state, local_path, run_ingest
-from sluice.storage.engine import RsDeltaEngine
+from sluice.storage.engines import engine_for
 from sluice.storage.ledger import read_ledger
 from support import lake, two_streams
 from support.lake import table
@@ -66,7 +66,7 @@ def land_bytes(settings: Settings, stream: str, name: str, data: bytes, arrival_
 
 def ingest(spark: SparkSession, settings: Settings, now_minutes: float, stream: str) -> Settings:
     settings = replace(settings, now_override=ts(now_minutes))
-    run_ingest(spark, settings, RsDeltaEngine(spark), [stream])
+    run_ingest(spark, settings, engine_for(spark, settings), [stream])
     return settings
 
 
@@ -237,7 +237,7 @@ def test_data_quality_catches_accepted_records_that_no_window_can_hold(
     values = {**record(stream, "year1"), "event_time": year1}
     row = (*(values.get(f) for f in done.stream(stream).fields), ts(2), "file:/old.jsonl", 99, False,
            year1.date(), 0)
-    RsDeltaEngine(spark).append_rows([row], bronze.schema, bronze.path(done), app_id="another-tool", version=0)
+    engine_for(spark, done).append_rows([row], bronze.schema, bronze.path(done), app_id="another-tool", version=0)
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
     report = run_quality(done, pipeline, spark)
@@ -445,7 +445,7 @@ def test_a_renamed_event_time_is_event_time_in_bronze_and_the_dlq_and_its_declar
     [late] = table(done, "dlq/txns")
     assert late["event_time"] == ts(1) and "ts" not in late and json.loads(late["raw"])["ts"]
     pipeline = done.pipeline(two_streams.PIPELINE)
-    frame = batch_inputs(done, RsDeltaEngine(spark), pipeline, None, ts(60))["txns"]
+    frame = batch_inputs(done, engine_for(spark, done), pipeline, None, ts(60))["txns"]
     assert frame.columns == ["txn_id", "device_id", "amount", "ts"]
     assert [r["ts"].astimezone(UTC) for r in frame.collect()] == [ts(30)]
 

@@ -277,7 +277,6 @@ def test_native_delta_engine_wherever_spark_runs(compose: dict[str, Any]) -> Non
     services = _services(compose)
     for name in (*AIRFLOW_COMMANDS, *SPARK_RUNNING):
         env = _env(services[name])
-        assert env.get("SLUICE_DELTA_ENGINE") == "native", name
         # spark-defaults.conf (Delta extension + catalog) reaches every Spark JVM through SPARK_CONF_DIR.
         conf_dir = env["SPARK_CONF_DIR"]
         binds = {target: source for kind, source, target in _mounts(services[name]) if kind == "bind"}

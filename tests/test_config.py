@@ -112,6 +112,7 @@ def test_duration_and_timestamp_parsing() -> None:
         ("spark_master: 5", "spark_master"),
         ("driver_memory: [2g]", "driver_memory"),
         ("delta_engine: [rs]", "delta_engine"),
+        ("delta_engine: rs", "delta_engine"),
         ("vacuum_retention_hours: 1", "vacuum_retention_hours"),
         ("lateness_threshold: true", "lateness_threshold"),
         ("pipelines: 5", "pipelines"),
@@ -137,13 +138,13 @@ def test_every_yaml_key_is_type_checked_naming_the_key_and_the_file(
 def test_yaml_values_of_the_right_type_are_converted(tmp_path: Path) -> None:
     config = tmp_path / "sluice.yaml"
     config.write_text(
-        "now: 2024-05-01T06:00:00Z\nshuffle_partitions: '3'\ndelta_engine: RS\nspark_master: local[2]\n"
+        "now: 2024-05-01T06:00:00Z\nshuffle_partitions: '3'\ndelta_engine: NATIVE\nspark_master: local[2]\n"
         "lateness_threshold: 0\nlanding: /data/landing\nstreams: {clicks: }\n"
         "pipelines: {ad_clicks_hourly: {window: {hop: 30m}}}\n"
     )
     s = load_settings({"SLUICE_CONFIG": str(config)})
     assert s.now() == datetime(2024, 5, 1, 6, tzinfo=UTC)
-    assert (s.shuffle_partitions, s.delta_engine, s.spark_master) == (3, "rs", "local[2]")
+    assert (s.shuffle_partitions, s.spark_master) == (3, "local[2]")
     assert s.lateness_threshold == 0.0 and s.landing == Path("/data/landing")
     assert s.windows["ad_clicks_hourly"] == (timedelta(hours=1), timedelta(minutes=30))
 
@@ -179,3 +180,13 @@ def test_a_clean_environment_for_a_child_drops_the_settings_and_keeps_the_machin
                "SLUICE_MAVEN_REPO": "http://mirror", "PATH": "/bin"}
     assert without_settings(environ) == {"SLUICE_JARS_DIR": "/jars", "SLUICE_MAVEN_REPO": "http://mirror",
                                          "PATH": "/bin"}
+
+
+@pytest.mark.parametrize("value", ["rs", "RS"])
+def test_the_retired_delta_rs_engine_fails_fast_saying_what_to_do(value: str) -> None:
+    """sluice 0.2's SLUICE_DELTA_ENGINE=rs chose delta-rs for the tables Spark writes; delta-spark writes them
+    now, and a home still asking for rs is told to drop the setting instead of silently getting another engine."""
+    with pytest.raises(ConfigError, match=r"SLUICE_DELTA_ENGINE: the delta-rs engine .rs. was retired.*Remove "
+                                          r"SLUICE_DELTA_ENGINE"):
+        load_settings({"SLUICE_DELTA_ENGINE": value})
+    load_settings({"SLUICE_DELTA_ENGINE": "native"})  # what docker-compose files of 0.2 set: still loads

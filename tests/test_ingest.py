@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings
 from sluice.ingest import landing
 from sluice.ingest.landing import file_watermarks, load_state, run_ingest
-from sluice.storage.engine import RsDeltaEngine
+from sluice.storage.engines import engine_for
 from support import lake
 from support.lake import table
 
@@ -42,7 +42,7 @@ def land(settings: Settings, stream: str, name: str, lines: list[str], arrival_m
 
 def ingest(spark: SparkSession, settings: Settings, now_minutes: float, *streams: str) -> Settings:
     settings = replace(settings, now_override=ts(now_minutes))
-    run_ingest(spark, settings, RsDeltaEngine(spark), streams or ("impressions",))
+    run_ingest(spark, settings, engine_for(spark, settings), streams or ("impressions",))
     return settings
 
 

@@ -70,9 +70,6 @@ class Settings:
     # in executor memory, versioned to the checkpoint) or rocksdb (on local disk, for state beyond the heap).
     # A query keeps the store of its first run (its checkpoint records it), so this only shapes new queries.
     state_store: str = "hdfs"
-    # The Delta engine behind the one seam: rs (delta-rs from the driver) or native (delta-spark, whose jars
-    # every session carries).
-    delta_engine: str = "rs"
     # sluice_maintenance's vacuum keeps unreferenced files this long (never less than a day).
     vacuum_retention_hours: int = 168
     # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
@@ -288,6 +285,17 @@ def _path(value: Any, key: str) -> Path:
     return Path(value)
 
 
+def _retired_engine(value: Any, key: str) -> None:
+    """``delta_engine`` chose between delta-rs and delta-spark until sluice 0.3; delta-spark now writes every
+    table Spark writes (SPEC section 7). ``native`` still loads; ``rs`` fails, saying so."""
+    text = value.strip().lower() if isinstance(value, str) else ""
+    if text == "rs":
+        raise ConfigError(f"{key}: the delta-rs engine (rs) was retired; delta-spark writes every table that Spark "
+                          f"writes. Remove {key}: tables written by either engine read and write as before")
+    if text != "native":
+        raise ConfigError(f"{key}: {value!r} is not allowed; delta-spark (native) is the only engine, so remove {key}")
+
+
 def _positive_duration(value: Any, key: str) -> timedelta:
     duration = parse_duration(value, key)
     if duration <= timedelta(0):
@@ -300,7 +308,6 @@ def _timestamp(value: Any, key: str) -> datetime:
 
 
 STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
-DELTA_ENGINES = ("rs", "native")
 STATE_STORES = ("hdfs", "rocksdb")
 MIN_RETENTION_HOURS = 24
 
@@ -312,7 +319,7 @@ _GLOBALS: dict[str, Convert] = {
     "catchup_min_windows": _whole(0),
     "spark_master": _text("local[2] or spark://host:7077"),
     "driver_memory": _text("2g"),
-    "delta_engine": _choice(DELTA_ENGINES),
+    "delta_engine": _retired_engine,
     "state_store": _choice(STATE_STORES),
     "vacuum_retention_hours": _whole(
         MIN_RETENTION_HOURS, " hours, so that running readers and retried writes never lose files"
@@ -550,6 +557,7 @@ def load_settings(
         now_value = parse_time(env["SLUICE_NOW"], "SLUICE_NOW")
     else:
         now_value = conf.get("now")
+    typed.pop("delta_engine", None)  # validated above; there is no choice left to make
     if "shuffle_partitions" not in typed:
         typed["shuffle_partitions"] = default_shuffle_partitions(typed.get("spark_master", Settings.spark_master))
     landing = Path(env.get("SLUICE_LANDING") or conf.get("landing") or home_path / "landing")

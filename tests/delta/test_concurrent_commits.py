@@ -1,5 +1,5 @@
 """Concurrent writers on the ops tables: real OS processes commit to ``ops/window_ledger`` (read-merge-rewrite
-through ``write_ledger``) and ``ops/ingest_batches`` (``append_rows``) at the same time, through RsDeltaEngine
+through ``write_ledger``) and ``ops/ingest_batches`` (``append_rows``) at the same time, through OpsDeltaEngine
 and delta-rs. Conflicting commits are retried, so every process's rows end up in the tables exactly once."""
 
 from __future__ import annotations
@@ -12,14 +12,12 @@ import textwrap
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import cast
 
 import pytest
 from deltalake import DeltaTable
-from pyspark.sql import SparkSession
 
 from sluice.config import load_settings
-from sluice.storage.engine import RsDeltaEngine
+from sluice.storage.engine import OpsDeltaEngine
 from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
 from sluice.storage.snapshots import read_small_table
 from sluice.storage.tables import INGEST_BATCHES
@@ -41,14 +39,14 @@ _CHILD = textwrap.dedent(
     from pathlib import Path
 
     from sluice.config import load_settings
-    from sluice.storage.engine import RsDeltaEngine
+    from sluice.storage.engine import OpsDeltaEngine
     from sluice.storage.ledger import LedgerRow, write_ledger
     from sluice.storage.tables import INGEST_BATCHES
 
     home, index, iterations, go, out = sys.argv[1:6]
     p, n = int(index), int(iterations)
     settings = load_settings({}, home=Path(home))
-    engine = RsDeltaEngine(None)
+    engine = OpsDeltaEngine()
     batches = INGEST_BATCHES.path(settings)
     base = datetime(2024, 1, 1, tzinfo=UTC)
     while not Path(go).exists():
@@ -72,7 +70,7 @@ _CHILD = textwrap.dedent(
 def test_concurrent_writers_on_ops_tables_commit_every_row_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     settings = load_settings({}, home=home)
-    engine = RsDeltaEngine(cast(SparkSession, None))
+    engine = OpsDeltaEngine()
     # Created up front: this test is about concurrent commits, not concurrent table creation.
     engine.ensure_table(WINDOW_LEDGER.path(settings), WINDOW_LEDGER.schema)
     engine.ensure_table(INGEST_BATCHES.path(settings), INGEST_BATCHES.schema, INGEST_BATCHES.partition_by)

@@ -1,6 +1,7 @@
-"""RsDeltaEngine against real Spark and real delta-rs tables: idempotent appends, crash safety (real child
-processes killed with SIGKILL), atomic partition replace, partition pruning, interop with deltalake and
-DuckDB's delta reader, engine selection and empty tables."""
+"""The engine contract, on real Spark with delta-spark and real Delta tables: idempotent appends, crash safety
+(real child processes killed with SIGKILL mid-write and right after a commit), atomic partition replace,
+partition pruning, streaming reads, interop with deltalake and DuckDB's delta reader, empty tables, one writing
+engine per table, and the driver-side writes of the ops tables (delta-rs)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -40,9 +41,8 @@ from pyspark.sql.types import (
 
 from sluice.config import Settings
 from sluice.storage import tables
-from sluice.storage.engine import DeltaEngine, RsDeltaEngine
-from sluice.storage.engines import get_engine
-from sluice.storage.native import NativeDeltaEngine
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.spark_engine import SparkDeltaEngine
 
 pytestmark = pytest.mark.spark
 
@@ -133,16 +133,10 @@ def _parquet_on_disk(path: Path) -> set[str]:
     return {str(p) for p in path.rglob("*.parquet") if "_delta_log" not in p.parts}
 
 
-@pytest.fixture(params=["rs", "native"])
-def engine(spark: SparkSession, request: pytest.FixtureRequest) -> DeltaEngine:
-    """The engine contract holds for each engine behind the seam."""
-    return get_engine(spark, request.param)
-
-
 @pytest.fixture
-def rs_engine(spark: SparkSession) -> RsDeltaEngine:
-    """The crash tests' child process stages files and commits the way delta-rs does (``_stage``)."""
-    return RsDeltaEngine(spark)
+def engine(spark: SparkSession) -> DeltaEngine:
+    """The engine behind the seam: delta-spark for the tables Spark writes, delta-rs for ``ops/*``."""
+    return SparkDeltaEngine(spark)
 
 
 @pytest.fixture
@@ -207,25 +201,28 @@ _CHILD = textwrap.dedent(
     import sys
     from pathlib import Path
 
-    from deltalake import DeltaTable
+    from pyspark.sql import functions as F
     from pyspark.sql.types import StructType
 
     from sluice.config import load_settings
-    from sluice.storage.engine import RsDeltaEngine
+    from sluice.storage.spark_engine import SparkDeltaEngine
     from sluice.core.spark import get_spark
 
     home, table, mode, out, app_id, version = sys.argv[1:7]
     spark = get_spark(load_settings({{}}, home=Path(home)), master="local[1]")
-    engine = RsDeltaEngine(spark)
-    df = spark.createDataFrame({rows!r}, StructType.fromJson(json.loads({schema!r})))
-    path = Path(table)
-    if mode == "stage":
-        adds = engine._stage(df, path, DeltaTable(table))
-        Path(out).write_text(json.dumps([str(path / add.path) for add in adds]))
-        os.kill(os.getpid(), signal.SIGKILL)
+    engine = SparkDeltaEngine(spark)
+    schema = StructType.fromJson(json.loads({schema!r}))
+    if mode == "big":
+        # Millions of rows over a day of hourly partitions: seconds of writing files before the commit, in
+        # which the parent kills this process.
+        event_time = F.timestamp_seconds(F.lit(1714521600) + F.col("id") % 86400)
+        df = spark.range(0, 6_000_000, numPartitions=4).select(
+            F.col("id"), F.lit("big").alias("name"), event_time.alias("event_time"),
+            F.to_date(event_time).alias("event_date"), F.hour(event_time).alias("event_hour"))
     else:
-        committed = engine.append(df, path, app_id=app_id, version=int(version), metadata={{"child": True}})
-        Path(out).write_text(json.dumps({{"survived": committed}}))
+        df = spark.createDataFrame({rows!r}, schema)
+    committed = engine.append(df, Path(table), app_id=app_id, version=int(version), metadata={{"child": True}})
+    Path(out).write_text(json.dumps({{"survived": committed}}))
     """
 )
 
@@ -239,6 +236,7 @@ def _run_child(
     app_id: str,
     version: int,
     env: dict[str, str] | None = None,
+    kill_when: Callable[[], bool] | None = None,
 ) -> tuple[int, Path, str]:
     script = tmp_path / f"child_{mode}.py"
     script.write_text(_CHILD.format(rows=rows, schema=SCHEMA.json()))
@@ -254,6 +252,12 @@ def _run_child(
             [sys.executable, str(script), *args], stdout=log, stderr=subprocess.STDOUT, env=child_env
         )
         try:
+            if kill_when is not None:
+                deadline = time.monotonic() + 180
+                while proc.poll() is None and not kill_when() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
             code = proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             proc.kill()
@@ -263,66 +267,64 @@ def _run_child(
 
 
 @pytest.mark.slow
-def test_crash_before_commit_leaves_files_invisible(
+def test_crash_while_writing_files_leaves_them_invisible(
     spark: SparkSession,
-    rs_engine: RsDeltaEngine,
+    engine: DeltaEngine,
     settings: Settings,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """A writer SIGKILLed after its first data files reached the table, before its commit: no reader sees
+    them, and the restarted writer commits its batch exactly once."""
     monkeypatch.delenv("SLUICE_KILL_AFTER_COMMIT", raising=False)
     table = settings.lake / "bronze" / "events"
-    rs_engine.ensure_table(table, SCHEMA, PARTS)
+    engine.ensure_table(table, SCHEMA, PARTS)
     committed = [_row(1, 10), _row(2, 11)]
-    assert rs_engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True
-    before = _version(table)
+    assert engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True
+    before, live_before = _version(table), _parquet_on_disk(table)
 
-    crashed = [_row(10, 11), _row(11, 12), _row(12, 13, D2)]
-    code, out, log = _run_child(tmp_path, table, "stage", crashed, app_id="ingest", version=2)
+    def writing() -> bool:
+        return bool(_parquet_on_disk(table) - live_before)
+
+    code, out, log = _run_child(tmp_path, table, "big", [], app_id="ingest", version=2, kill_when=writing)
     assert code == -signal.SIGKILL, log
+    assert not out.exists(), "the child finished its append before it was killed"
+    assert _version(table) == before, "the child committed before the kill: the test proves nothing"
+    orphans = _parquet_on_disk(table) - live_before
+    assert orphans, "the child wrote no data file before it was killed"
+    assert not orphans & _live_files(table)
 
-    staged = json.loads(out.read_text())
-    assert staged, "the child staged no files"
-    for file in staged:
-        assert Path(file).is_file(), f"staged file {file} missing"
-        assert Path(file).parent != table / "_staging"
-    # The files sit in the table layout, unreferenced by the log.
-    assert set(staged) <= _parquet_on_disk(table)
-    live = _live_files(table)
-    assert live and live <= _parquet_on_disk(table)
-    assert not set(staged) & live
-
-    assert _version(table) == before
-    assert rs_engine.committed_version(table, "ingest") == 1
     expected = _dicts(committed)
+    assert engine.committed_version(table, "ingest") == 1
     assert _delta_rows(table) == expected
-    assert _spark_rows(rs_engine.read(table)) == expected
+    assert _spark_rows(engine.read(table)) == expected
     assert _duckdb_rows(table) == expected
 
-    # The retried batch commits exactly once.
-    assert rs_engine.append(_df(spark, crashed), table, app_id="ingest", version=2) is True
-    assert rs_engine.append(_df(spark, crashed), table, app_id="ingest", version=2) is False
+    # The restarted writer's batch commits exactly once.
+    retried = [_row(10, 11), _row(11, 12), _row(12, 13, D2)]
+    assert engine.append(_df(spark, retried), table, app_id="ingest", version=2) is True
+    assert engine.append(_df(spark, retried), table, app_id="ingest", version=2) is False
     assert _version(table) == before + 1
-    assert rs_engine.committed_version(table, "ingest") == 2
-    expected = _dicts([*committed, *crashed])
+    assert engine.committed_version(table, "ingest") == 2
+    expected = _dicts([*committed, *retried])
     assert _delta_rows(table) == expected
-    assert _spark_rows(rs_engine.read(table)) == expected
+    assert _spark_rows(engine.read(table)) == expected
     assert _duckdb_rows(table) == expected
 
 
 @pytest.mark.slow
 def test_crash_right_after_commit_keeps_the_commit_once(
     spark: SparkSession,
-    rs_engine: RsDeltaEngine,
+    engine: DeltaEngine,
     settings: Settings,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SLUICE_KILL_AFTER_COMMIT", raising=False)
     table = settings.lake / "bronze" / "events"
-    rs_engine.ensure_table(table, SCHEMA, PARTS)
+    engine.ensure_table(table, SCHEMA, PARTS)
     committed = [_row(1, 10)]
-    assert rs_engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True
+    assert engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True
     before = _version(table)
 
     batch = [_row(20, 11), _row(21, 12, D2)]
@@ -339,14 +341,14 @@ def test_crash_right_after_commit_keeps_the_commit_once(
     assert not out.exists(), "the child survived its commit: the kill hook did not fire"
 
     assert _version(table) == before + 1
-    assert rs_engine.committed_version(table, "ingest") == 2
-    assert rs_engine.history_metadata(table) == [{"child": True}]
+    assert engine.committed_version(table, "ingest") == 2
+    assert engine.history_metadata(table) == [{"child": True}]
     expected = _dicts([*committed, *batch])
     assert _delta_rows(table) == expected
-    assert _spark_rows(rs_engine.read(table)) == expected
+    assert _spark_rows(engine.read(table)) == expected
 
     # The restarted writer re-runs the batch: a no-op.
-    assert rs_engine.append(_df(spark, batch), table, app_id="ingest", version=2) is False
+    assert engine.append(_df(spark, batch), table, app_id="ingest", version=2) is False
     assert _version(table) == before + 1
     assert _delta_rows(table) == expected
 
@@ -658,29 +660,42 @@ def test_replace_partition_values_that_need_escaping(
     assert _spark_rows(engine.read(path)) == expected
 
 
-# -- 6. engine selection ----------------------------------------------------------------------------
-@pytest.mark.parametrize(("value", "expected"), [(None, RsDeltaEngine), ("rs", RsDeltaEngine),
-                                                  ("native", NativeDeltaEngine), ("NATIVE", NativeDeltaEngine)])
-def test_get_engine_picks_the_configured_engine(
-    spark: SparkSession, monkeypatch: pytest.MonkeyPatch, value: str | None, expected: type
+# -- 6. streaming reads ----------------------------------------------------------------------------
+def _drain(engine: DeltaEngine, path: Path, sink: Path, **options: Any) -> list[dict[str, Any]]:
+    """Run a restartable ``availableNow`` query from ``path`` into a Parquet sink (exactly-once through its
+    metadata log) and return every row the sink holds so far."""
+    query = (engine.read_stream(path, **options).writeStream.format("parquet")
+             .option("path", str(sink)).option("checkpointLocation", str(sink) + "-checkpoint")
+             .trigger(availableNow=True).start())
+    query.awaitTermination()
+    return _spark_rows(engine.spark.read.schema(SCHEMA).parquet(str(sink)))
+
+
+def test_read_stream_is_exactly_once_across_restarts_and_skips_compaction(
+    spark: SparkSession, engine: DeltaEngine, events: Path, tmp_path: Path
 ) -> None:
-    if value is None:
-        monkeypatch.delenv("SLUICE_DELTA_ENGINE", raising=False)
-    else:
-        monkeypatch.setenv("SLUICE_DELTA_ENGINE", value)
-    chosen = get_engine(spark)
-    assert type(chosen) is expected
-    assert chosen.spark is spark
+    """Pipelines stream bronze with Delta's own source: each commit's rows once, across restarts of the query;
+    a compaction (dataChange=false) re-emits nothing; a commit made between runs is picked up."""
+    sink = tmp_path / "sink"
+    first = [[_row(1, 10)], [_row(2, 11), _row(3, 11, D2)]]
+    for version, rows in enumerate(first, 1):
+        engine.append(_df(spark, rows), events, app_id="ingest", version=version)
+    assert _drain(engine, events, sink) == _dicts([r for rows in first for r in rows])
+    assert _drain(engine, events, sink) == _dicts([r for rows in first for r in rows])  # restarted: nothing new
+
+    engine.append(_df(spark, [_row(4, 10)]), events, app_id="ingest", version=3)
+    assert engine.compact(events) >= 2
+    assert _drain(engine, events, sink) == _dicts([*first[0], *first[1], _row(4, 10)])
 
 
-@pytest.mark.parametrize("value", ["delta-spark", "auto"])
-def test_get_engine_rejects_unknown_values(spark: SparkSession, monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    monkeypatch.setenv("SLUICE_DELTA_ENGINE", value)
-    with pytest.raises(ValueError, match=value) as excinfo:
-        get_engine(spark)
-    message = str(excinfo.value)
-    for allowed in ("rs", "native"):
-        assert allowed in message
+def test_read_stream_skips_the_partitions_before_min_event_time(
+    spark: SparkSession, engine: DeltaEngine, events: Path, tmp_path: Path
+) -> None:
+    rows = [_row(1, 10), _row(2, 23), _row(3, 0, D2), _row(4, 5, D2)]
+    engine.append(_df(spark, rows), events, app_id="ingest", version=1)
+    since = dt.datetime(2024, 5, 2, 0, 30, tzinfo=UTC)
+    # Whole event days before the one ``since`` falls in are skipped; rows are the caller's to filter.
+    assert _drain(engine, events, tmp_path / "sink", min_event_time=since) == _dicts(rows[2:])
 
 
 # -- 7. empty tables --------------------------------------------------------------------------------
@@ -798,11 +813,10 @@ def test_read_small_table_reads_each_file_once_and_follows_the_snapshot(tmp_path
     assert cached() == fresh() == [{"id": 5, "note": None}, {"id": 6, "note": "x"}]
 
 
-def test_each_table_has_one_writing_engine_under_native(spark: SparkSession, tmp_path: Path) -> None:
+def test_each_table_has_one_writing_engine(spark: SparkSession, engine: DeltaEngine, tmp_path: Path) -> None:
     """delta-spark writes the tables Spark computes, from their creation on; the ops tables stay on delta-rs."""
     from sluice.core.jars import locked
 
-    engine = get_engine(spark, "native")
     data, ops = tmp_path / "bronze" / "events", tmp_path / "ops" / "batches"
     engine.ensure_table(data, SCHEMA, PARTS)
     engine.append(_df(spark, [_row(1, 10)]), data, app_id="a", version=1)

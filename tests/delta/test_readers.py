@@ -5,7 +5,9 @@ streaming), Polars and DuckDB read them with the schemas sluice declares and the
 from __future__ import annotations
 
 import glob
+import json
 import os
+import re
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -38,6 +40,17 @@ def _duckdb_count(path: Path) -> int:
         return int(row[0])
     finally:
         con.close()
+
+
+def _writers(path: Path) -> set[str]:
+    """Who wrote each commit still in the log: delta-spark's ``engineInfo`` or delta-rs's ``clientVersion``."""
+    out = set()
+    for commit in sorted((path / "_delta_log").glob("*.json")):
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo") if line.strip() else None
+            if info is not None:
+                out.add(info.get("engineInfo") or info.get("clientVersion") or "unknown")
+    return out
 
 
 def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
@@ -91,6 +104,14 @@ def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
                  .queryName(f"read_{name.replace('/', '_')}").trigger(availableNow=True).start())
         query.awaitTermination()
         assert spark.table(f"read_{name.replace('/', '_')}").count() == rows, name
+        # One writing engine per table, from its creation on: delta-spark for every table Spark writes, delta-rs
+        # for the ops tables the driver writes (SPEC 7).
+        writers = _writers(path)
+        if name.startswith("ops/"):
+            assert writers and all(w.startswith("delta-rs") for w in writers), (name, writers)
+        else:
+            assert len(writers) == 1 and re.fullmatch(r"Apache-Spark/4\.2\.\d+ Delta-Lake/4\.4\.\d+", *writers), (
+                name, writers)
 
     ops = DeltaTable(str(done.lake / "ops/ingest_batches"))
     assert ops.version() >= 10

@@ -34,7 +34,7 @@ from sluice.storage.snapshots import read_small_table
 
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert
-    from sluice.storage.engine import DeltaEngine
+    from sluice.storage.engine import RowsEngine
 
 log = logging.getLogger("sluice.alerts")
 
@@ -43,7 +43,7 @@ NO_CHANNEL = "none"
 ORDER = ("pipeline", "window_start", "window_end", "kind", "attempt", "alert_id")
 
 
-def _engine(settings: Settings, engine: DeltaEngine | None) -> DeltaEngine:
+def _engine(settings: Settings, engine: RowsEngine | None) -> RowsEngine:
     if engine is not None:
         return engine
     from sluice.storage.engines import ops_engine
@@ -82,7 +82,7 @@ def _row(alert: Alert) -> tuple[Any, ...]:
 
 
 def _commit(
-    settings: Settings, engine: DeltaEngine, pipeline: str, rows: Sequence[tuple[Any, ...]], replaced: set[str]
+    settings: Settings, engine: RowsEngine, pipeline: str, rows: Sequence[tuple[Any, ...]], replaced: set[str]
 ) -> None:
     """One atomic commit: the rows whose alert_id is in ``replaced`` give way to ``rows``."""
     from sluice.storage.ledger import next_version
@@ -100,7 +100,7 @@ def _commit(
     raise CommitConflictError(f"{path}: {app}: other writers took the next version {COMMIT_ATTEMPTS} times")
 
 
-def record_alerts(settings: Settings, alerts: Iterable[Alert], engine: DeltaEngine | None = None) -> list[Alert]:
+def record_alerts(settings: Settings, alerts: Iterable[Alert], engine: RowsEngine | None = None) -> list[Alert]:
     """Record ``alerts`` as pending, in one commit, skipping those whose key is already in the outbox
     (delivered or not). Returns the alerts newly recorded."""
     engine = _engine(settings, engine)
@@ -121,7 +121,7 @@ def record_alerts(settings: Settings, alerts: Iterable[Alert], engine: DeltaEngi
 
 
 def raise_alert(
-    settings: Settings, alert: Alert, *, deliver: bool, engine: DeltaEngine | None = None
+    settings: Settings, alert: Alert, *, deliver: bool, engine: RowsEngine | None = None
 ) -> list[str]:
     """Record ``alert`` in the outbox and, with ``deliver``, send the pipeline's pending alerts now (else the
     DAG's ``send_alerts`` task, or ``sluice alerts --deliver``, does). Idempotent per alert key. Returns the
@@ -154,7 +154,7 @@ def alert_from_row(row: Mapping[str, Any]) -> Alert:
     )
 
 
-def deliver_pending(settings: Settings, pipeline: str, engine: DeltaEngine | None = None) -> Delivery:
+def deliver_pending(settings: Settings, pipeline: str, engine: RowsEngine | None = None) -> Delivery:
     """Send the pipeline's pending alerts, oldest first, then mark them delivered in one commit."""
     report = Delivery()
     rows = [r for r in read_outbox(settings, pipeline) if r["channels"] == PENDING]
@@ -270,9 +270,9 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
 
 
 def on_task_failure(context: Mapping[str, Any]) -> None:
-    """``on_failure_callback`` of sluice's Spark tasks (``run_cycle``, ``check_quality``, ``backfill``): a
-    task that failed for good (its retries used up) raises a ``task_failure`` alert through the same
-    notifiers and outbox as every other alert. The pipeline is the DAG's (its dag_id), or the
+    """``on_failure_callback`` of every task of sluice's DAGs (``run_cycle``, ``validate_params``,
+    ``compact``, ...): a task that failed for good (its retries used up) raises a ``task_failure`` alert
+    through the same notifiers and outbox as every other alert. The pipeline is the DAG's (its dag_id), or the
     ``pipeline`` param of ``sluice_backfill``. Never raises: a callback error must not hide the failure."""
     from sluice.alerting.notifiers import Alert, send_alert
 

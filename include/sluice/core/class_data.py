@@ -37,10 +37,15 @@ def _java() -> Path | None:
     return Path(found).resolve() if found and Path(found).exists() else None
 
 
+# What the training run does; bumped when it loads other classes, so that every machine trains again.
+# 2: delta-spark writes every table Spark writes (the retired delta-rs engine loaded none of its writer).
+TRAINING = 2
+
+
 def archive_key() -> str | None:
-    """What the archived classes come from, hashed: the Java runtime, PySpark's jars (and where they lie) and the
-    locked jars that sessions put on Spark's classpath (``jars.lock``'s delta set).
-    None without a Java runtime."""
+    """What the archived classes come from, hashed: the Java runtime, PySpark's jars (and where they lie), the
+    locked jars that sessions put on Spark's classpath (``jars.lock``'s delta set) and the training
+    (:data:`TRAINING`). None without a Java runtime."""
     import pyspark
 
     java = _java()
@@ -48,7 +53,7 @@ def archive_key() -> str | None:
         return None
     digest = hashlib.sha256()
     stat = java.stat()
-    digest.update(f"{java}|{stat.st_size}|{stat.st_mtime_ns}|{pyspark.__version__}\n".encode())
+    digest.update(f"{java}|{stat.st_size}|{stat.st_mtime_ns}|{pyspark.__version__}|{TRAINING}\n".encode())
     # The JVM checks the class path an archive was written with, so where PySpark lies is part of the key: a
     # second checkout on the machine, with a venv of its own, gets an archive of its own.
     spark_jars = Path(pyspark.__file__).resolve().parent / "jars"

@@ -1,22 +1,25 @@
 """The Delta engine seam.
 
-Everything in sluice reads and writes Delta through :class:`DeltaEngine`. Two implementations exist:
+Everything in sluice reads and writes Delta through :class:`DeltaEngine`; each table has exactly one writer:
 
-* :class:`RsDeltaEngine` (default, ``SLUICE_DELTA_ENGINE=rs``): delta-rs owns the transaction log. Spark
-  executors write Parquet into a staging directory inside the table; the driver moves the files into place
-  and commits them in one Delta transaction with ``DeltaTable.create_write_transaction``. It also writes the
-  small ops tables under either engine.
-* :class:`sluice.storage.native.NativeDeltaEngine` (``SLUICE_DELTA_ENGINE=native``): delta-spark writes every
-  table Spark computes. :mod:`sluice.storage.engines` picks one of the two.
+* :class:`sluice.storage.spark_engine.SparkDeltaEngine`: delta-spark writes every table Spark computes
+  (bronze, quarantine, dlq, gold, and the backfill and correction rewrites), and streams bronze with Delta's
+  own source.
+* :class:`OpsDeltaEngine` (here): delta-rs, from the driver, writes the small ops tables (``ops/*``), whose
+  rows the driver builds: one commit of a few rows, with no Spark job and no Spark session (the alert outbox,
+  ``sluice alerts`` and Airflow's callbacks have none).
+
+Reading a table's log (versions, app transactions, commit metadata) is engine-neutral and lives in
+:mod:`sluice.storage.snapshots`.
 
 Exactly-once: every commit carries a Delta *app transaction* ``(app_id, version)``. A writer that is
 re-run for a version already committed (a retried micro-batch after a crash) finds
 ``transaction_version(app_id) >= version`` and commits nothing. Files written by a crashed attempt sit
 unreferenced in the table directory: invisible to every Delta reader, and removed by VACUUM.
 
-Concurrent writers: a commit that loses the race to another writer's commit (delta-rs raises
+Concurrent writers of an ops table: a commit that loses the race to another writer's commit (delta-rs raises
 ``CommitFailedError``) is retried against the new snapshot, up to ``COMMIT_ATTEMPTS`` times; a retry whose
-app transaction the winner already committed stops there (see :meth:`RsDeltaEngine._write`).
+app transaction the winner already committed stops there (see :meth:`OpsDeltaEngine._write`).
 """
 
 from __future__ import annotations
@@ -24,14 +27,13 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -39,7 +41,6 @@ from deltalake import CommitProperties, DeltaTable, Transaction
 from deltalake.exceptions import CommitFailedError
 from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from sluice.storage import snapshots
@@ -68,27 +69,15 @@ def commit_backoff(failed: int) -> None:
         time.sleep(COMMIT_BACKOFF_S * 2 ** (failed - 1))
 
 
-class DeltaEngine(Protocol):
-    """What sluice needs from a Delta implementation. Paths are table roots (local paths or URIs)."""
-
-    spark: SparkSession
+class RowsEngine(Protocol):
+    """The part of the contract that driver-side writers need (the ledger, DQ results, the alert outbox,
+    heartbeats): both engines have it, so code that only writes rows built on the driver runs without Spark."""
 
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         """Create the table (empty, version 0) if it does not exist yet."""
 
     def committed_version(self, path: Path, app_id: str) -> int | None:
         """The last app-transaction version committed by ``app_id`` (None if never)."""
-
-    def append(
-        self,
-        df: DataFrame,
-        path: Path,
-        *,
-        app_id: str,
-        version: int,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> bool:
-        """Append ``df`` in one commit, idempotently. Returns False when that version was already there."""
 
     def append_rows(
         self,
@@ -100,8 +89,7 @@ class DeltaEngine(Protocol):
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        """Like :meth:`append`, for a handful of rows built on the driver (ops rows, heartbeats): no Spark
-        job needed to write them."""
+        """Like :meth:`DeltaEngine.append`, for a handful of rows built on the driver (ops rows, heartbeats)."""
 
     def replace_rows(
         self,
@@ -118,6 +106,23 @@ class DeltaEngine(Protocol):
         """Rewrite a small, unpartitioned table (ledger, DQ results) on the driver in one atomic commit:
         current rows for which ``drop`` is true are replaced by ``rows``; the result is sorted by
         ``order_by``, so the file content does not depend on the order of earlier writes."""
+
+
+class DeltaEngine(RowsEngine, Protocol):
+    """What sluice needs from a Delta implementation. Paths are table roots (local paths or URIs)."""
+
+    spark: SparkSession
+
+    def append(
+        self,
+        df: DataFrame,
+        path: Path,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Append ``df`` in one commit, idempotently. Returns False when that version was already there."""
 
     def replace(
         self,
@@ -157,11 +162,6 @@ class DeltaEngine(Protocol):
         """Delete files no longer referenced and older than the retention; files deleted."""
 
 
-def spark_schema(table: DeltaTable) -> StructType:
-    """The table's schema as Spark sees it (timestamps as UTC TimestampType, not NTZ)."""
-    return from_arrow_schema(pa.schema(table.schema().to_arrow()), prefer_timestamp_ntz=False)
-
-
 def _stats_for(file: Path) -> str:
     # numRecords lets Delta readers (and our own status) count rows without opening files. No per-column
     # bounds: delta-rs turns a column without them into a pyarrow guarantee that drops every row of the
@@ -170,11 +170,11 @@ def _stats_for(file: Path) -> str:
     return json.dumps({"numRecords": meta.num_rows})
 
 
-class RsDeltaEngine:
-    """Spark computes and writes Parquet; delta-rs commits the log. See the module docstring."""
+class OpsDeltaEngine:
+    """delta-rs from the driver, for the small ops tables (``ops/*``): their rows are built on the driver, so
+    no Spark job (and no Spark session) is needed to write them. See the module docstring."""
 
-    def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
-        self.spark = spark
+    def __init__(self, properties: Mapping[str, str] | None = None) -> None:
         # Delta table properties new tables are created with (see sluice.storage.tables.table_properties).
         self.properties = dict(properties or {})
 
@@ -211,45 +211,7 @@ class RsDeltaEngine:
     def committed_version(self, path: Path, app_id: str) -> int | None:
         return snapshots.app_version(path, app_id)
 
-    def schema(self, path: Path) -> StructType:
-        return spark_schema(self._table(path))
-
     # -- writes -------------------------------------------------------------------------------------
-    def _stage(self, df: DataFrame, path: Path, table: DeltaTable) -> list[AddAction]:
-        """Executors write Parquet under ``_staging/<uuid>``; the driver moves the files into the table
-        layout (hive-style partition directories) and describes them as add actions. Nothing is visible
-        to readers until the commit."""
-        partition_by = table.metadata().partition_columns
-        staging = path / "_staging" / uuid.uuid4().hex
-        writer = df.write.mode("overwrite")
-        if partition_by:
-            writer = writer.partitionBy(*partition_by)
-        writer.parquet(str(staging))
-        actions: list[AddAction] = []
-        now_ms = int(time.time() * 1000)
-        for root, _dirs, names in os.walk(staging):
-            for name in sorted(names):
-                if not name.endswith(".parquet"):
-                    continue
-                src = Path(root) / name
-                rel = src.relative_to(staging)
-                dest = path / rel
-                dest.parent.mkdir(parents=True, exist_ok=True)
-                os.replace(src, dest)
-                values = _partition_values(rel, partition_by)
-                actions.append(
-                    AddAction(
-                        path=rel.as_posix(),
-                        size=dest.stat().st_size,
-                        partition_values=values,
-                        modification_time=now_ms,
-                        data_change=True,
-                        stats=_stats_for(dest),
-                    )
-                )
-        shutil.rmtree(staging, ignore_errors=True)
-        return actions
-
     def _commit(
         self,
         table: DeltaTable,
@@ -326,23 +288,6 @@ class RsDeltaEngine:
             return True
         return False
 
-    def append(
-        self,
-        df: DataFrame,
-        path: Path,
-        *,
-        app_id: str,
-        version: int,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> bool:
-        table = self._table(path)
-        if self._already(table, app_id, version, path):
-            return False
-        # An append reads nothing, so its files stay valid on any later snapshot: staged once, and a retry
-        # only commits them again.
-        actions: Actions = list(self._stage(df, path, table))
-        return self._write(path, lambda _table: actions, app_id=app_id, version=version, metadata=metadata)
-
     def append_rows(
         self,
         rows: Sequence[Sequence[Any]],
@@ -365,7 +310,7 @@ class RsDeltaEngine:
         actions: Actions = []
         now_ms = int(time.time() * 1000)
         for values, indices in sorted(groups.items(), key=lambda item: str(item[0])):
-            # The same hive-style layout Spark writes (and _partition_values reads back).
+            # The same hive-style layout Spark writes.
             parts = {k: None if v is None else str(v) for k, v in zip(partition_by, values, strict=True)}
             folder = "/".join(f"{k}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(v, safe='')}"
                               for k, v in parts.items())
@@ -414,41 +359,6 @@ class RsDeltaEngine:
         # for one key). Any newer version fails the commit instead, and the retry merges it in.
         return self._write(path, build, app_id=app_id, version=version, metadata=metadata, rebase=False)
 
-    def replace(
-        self,
-        df: DataFrame,
-        path: Path,
-        *,
-        keep: Callable[[DataFrame], DataFrame],
-        files: PartitionPredicate | None = None,
-        app_id: str,
-        version: int,
-        metadata: Mapping[str, Any] | None = None,
-    ) -> bool:
-        def build(table: DeltaTable) -> Actions:
-            victims = self._files(path, table, files)
-            kept = keep(self._read_files(path, table, victims))
-            # Materialise before the victims disappear from the log (the files stay on disk until VACUUM,
-            # so this is about a consistent plan, not about data loss).
-            rewritten = kept.unionByName(df.select(*kept.columns)) if victims else df
-            adds = self._stage(rewritten, path, table)
-            now_ms = int(time.time() * 1000)
-            removes = [
-                RemoveAction(
-                    path=rel,
-                    data_change=True,
-                    deletion_timestamp=now_ms,
-                    size=size,
-                    partition_values={k: None if v is None else str(v) for k, v in values.items()},
-                )
-                for rel, values, size in victims
-            ]
-            return [*removes, *adds]
-
-        # delta-rs's own retry moves this past blind appends (WriteSerializable, as delta-spark does); any
-        # other concurrent commit conflicts, and the retry re-reads the victims and stages again.
-        return self._write(path, build, app_id=app_id, version=version, metadata=metadata)
-
     # -- reads --------------------------------------------------------------------------------------
     @staticmethod
     def _files(
@@ -458,34 +368,6 @@ class RsDeltaEngine:
         chosen = [(f.relative, dict(f.partition), f.size) for f in snapshots.live_files(path, table)
                   if files is None or files(f.partition)]
         return sorted(chosen, key=lambda item: item[0])
-
-    def _read_files(
-        self, path: Path, table: DeltaTable, chosen: list[tuple[str, dict[str, Any], int]]
-    ) -> DataFrame:
-        schema = spark_schema(table)
-        if not chosen:
-            return self.spark.createDataFrame([], schema)
-        uris = [str(path / rel) for rel, _values, _size in chosen]
-        # basePath makes Spark recover partition columns from the hive-style directories; the explicit
-        # schema fixes their types (date, int) instead of letting Spark infer them.
-        return self.spark.read.schema(schema).option("basePath", str(path)).parquet(*uris).select(*schema.names)
-
-    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
-        table = self._table(path)
-        return self._read_files(path, table, self._files(path, table, files))
-
-    def read_stream(
-        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
-    ) -> DataFrame:
-        from sluice.storage.stream_source import register
-
-        register(self.spark)
-        reader = self.spark.readStream.format("sluice_delta").option("path", str(path))
-        if max_files_per_trigger:
-            reader = reader.option("maxFilesPerTrigger", str(max_files_per_trigger))
-        if min_event_time is not None:
-            reader = reader.option("minEventTime", min_event_time.isoformat())
-        return reader.load()
 
     def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
         return [meta for _version, meta in snapshots.commit_metadata(path, limit)]
@@ -524,15 +406,3 @@ def _maybe_kill(path: Path, app_id: str = "") -> None:
 
         log.warning("SLUICE_KILL_AFTER_COMMIT=%s reached: SIGKILL", spec)
         os.kill(os.getpid(), signal.SIGKILL)
-
-
-def _partition_values(rel: Path, partition_by: Sequence[str]) -> dict[str, str | None]:
-    values: dict[str, str | None] = {}
-    for part in rel.parts[:-1]:
-        key, _, value = part.partition("=")
-        if key in partition_by:
-            # Spark writes nulls as this sentinel directory name.
-            values[key] = None if value == "__HIVE_DEFAULT_PARTITION__" else unquote(value)
-    for key in partition_by:
-        values.setdefault(key, None)
-    return values

@@ -1,49 +1,27 @@
-"""Which Delta engine writes the lake: ``rs`` (delta-rs from the driver) or ``native`` (delta-spark).
+"""The engines a process uses: delta-spark for the tables Spark writes, delta-rs for the ops tables.
 
-Apart from both engines so that neither imports the other: :mod:`sluice.storage.native` builds on
-:mod:`sluice.storage.engine` (the protocol and the delta-rs engine, which also writes the ops tables), and
-only this module knows them both.
+Apart from both engines so that neither imports the other's module: :mod:`sluice.storage.spark_engine`
+builds on :mod:`sluice.storage.engine` (the protocol and the ops tables' engine), and only this module
+hands them out.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.storage.engine import DeltaEngine, RsDeltaEngine
-from sluice.storage.native import NativeDeltaEngine
-
-
-def get_engine(
-    spark: SparkSession, choice: str | None = None, *, properties: Mapping[str, str] | None = None
-) -> DeltaEngine:
-    """The engine ``choice`` names (default: the settings' ``delta_engine``, ``SLUICE_DELTA_ENGINE``):
-    ``rs`` (delta-rs, from the driver) or ``native`` (delta-spark). ``properties``: the Delta table
-    properties new tables get (``sluice.storage.tables.table_properties(settings)``)."""
-    if choice is None:
-        from sluice.config import load_settings
-
-        choice = load_settings().delta_engine
-    choice = choice.lower()
-    if choice not in {"rs", "native"}:
-        raise ValueError(f"SLUICE_DELTA_ENGINE={choice!r}; allowed: rs, native")
-    if choice == "native":
-        return NativeDeltaEngine(spark, properties)
-    return RsDeltaEngine(spark, properties)
+from sluice.storage.engine import DeltaEngine, OpsDeltaEngine
+from sluice.storage.spark_engine import SparkDeltaEngine
+from sluice.storage.tables import table_properties
 
 
 def engine_for(spark: SparkSession, settings: Settings) -> DeltaEngine:
-    """The engine ``settings`` choose (``delta_engine``), creating tables with sluice's table properties."""
-    from sluice.storage.tables import table_properties
+    """The engine of a Spark session: delta-spark for every table Spark writes (and the ops tables through
+    :func:`ops_engine`'s delta-rs), creating tables with sluice's table properties."""
+    return SparkDeltaEngine(spark, table_properties(settings))
 
-    return get_engine(spark, settings.delta_engine, properties=table_properties(settings))
 
-
-def ops_engine(settings: Settings) -> RsDeltaEngine:
-    """The engine of the small ops tables (``ops/*``): delta-rs from the driver whatever ``delta_engine``
-    says, so it needs no Spark session (the alert outbox, ``sluice alerts``, Airflow's callbacks)."""
-    from sluice.storage.tables import table_properties
-
-    return RsDeltaEngine(None, table_properties(settings))  # type: ignore[arg-type]
+def ops_engine(settings: Settings) -> OpsDeltaEngine:
+    """The engine of the small ops tables (``ops/*``): delta-rs from the driver, so it needs no Spark
+    session (the alert outbox, ``sluice alerts``, Airflow's callbacks, compaction of the ops tables)."""
+    return OpsDeltaEngine(table_properties(settings))

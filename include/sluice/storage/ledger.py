@@ -36,7 +36,7 @@ from sluice.config import Settings
 from sluice.storage.engine import (
     COMMIT_ATTEMPTS,
     CommitConflictError,
-    DeltaEngine,
+    RowsEngine,
     commit_backoff,
 )
 from sluice.storage.snapshots import read_small_table
@@ -212,7 +212,7 @@ def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, d
 
 
 def replace_windows(
-    engine: DeltaEngine,
+    engine: RowsEngine,
     path: Path,
     rows: Sequence[Sequence[Any]],
     schema: StructType,
@@ -233,7 +233,7 @@ def replace_windows(
     return engine.replace_rows(rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version)
 
 
-def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
+def next_version(engine: RowsEngine, path: Path, app_id: str) -> int:
     """For writers that are not replays of a numbered batch (DQ, backfills): the next app version.
 
     Racy on its own: two processes sharing ``app_id`` can both get N, and the engine then treats the
@@ -245,7 +245,7 @@ def next_version(engine: DeltaEngine, path: Path, app_id: str) -> int:
 
 def write_ledger(
     settings: Settings,
-    engine: DeltaEngine,
+    engine: RowsEngine,
     rows: Iterable[LedgerRow],
     *,
     app_id: str,

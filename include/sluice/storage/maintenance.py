@@ -1,8 +1,7 @@
 """Lake housekeeping for the ``sluice_maintenance`` DAG: compaction, vacuum and checkpoint cleanup.
 
-Each table is compacted and vacuumed by the engine that writes it (delta-spark for the tables Spark writes
-under the native engine, which then needs a Spark session; delta-rs for the ops tables, and for every table
-under the rs engine), holding every pipeline's lock so it never races a cycle or a backfill.
+Each table is compacted and vacuumed by the engine that writes it (delta-spark for the tables Spark writes,
+delta-rs for the ops tables), holding every pipeline's lock so it never races a cycle or a backfill.
 """
 
 from __future__ import annotations
@@ -35,11 +34,8 @@ def _all_locks(settings: Settings) -> ExitStack:
 
 
 def _engine(settings: Settings) -> DeltaEngine:
-    from sluice.storage.engines import engine_for, ops_engine
-
-    if settings.delta_engine == "rs":
-        return ops_engine(settings)  # delta-rs needs no Spark session for compaction and vacuum
     from sluice.core.spark import get_spark
+    from sluice.storage.engines import engine_for
 
     spark = get_spark(settings, "sluice-maintenance")
     return engine_for(spark, settings)
@@ -69,7 +65,8 @@ def vacuum(settings: Settings) -> dict[str, int]:
 
 
 def clean_checkpoints(settings: Settings, older_than_hours: float = 24.0) -> int:
-    """Remove staging directories left by crashed writes (never referenced by any Delta log)."""
+    """Remove the staging directories that crashed writes of sluice 0.2's delta-rs engine left in the tables
+    (never referenced by any Delta log; delta-spark's own leftovers are files that vacuum deletes)."""
     cutoff = time.time() - older_than_hours * 3600
     removed = 0
     with _all_locks(settings):

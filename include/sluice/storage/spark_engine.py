@@ -1,17 +1,17 @@
-"""The native engine: delta-spark writes every table that Spark computes.
+"""delta-spark writes every table that Spark computes (SPEC section 7, "Delta on Spark").
 
-Same contract as :class:`sluice.storage.engine.RsDeltaEngine`: idempotent commits keyed by Delta app
+The contract of :class:`sluice.storage.engine.DeltaEngine`: idempotent commits keyed by Delta app
 transactions (``txnAppId``/``txnVersion``, Delta's idempotent-writes options), commit metadata in
-``userMetadata``, atomic range replacement with ``replaceWhere``; tables are created with
-``DeltaTable.createIfNotExists`` and sluice's table properties.
+``userMetadata``, atomic range replacement with ``replaceWhere``, streaming reads with Delta's own source;
+tables are created with ``DeltaTable.createIfNotExists`` and sluice's table properties.
 
 The small ops tables (``ops/*``) stay on delta-rs from the driver: their rows never were a Spark job, and
 delta-rs lets ``replace_rows`` merge and commit against one snapshot and retry on a concurrent commit (a
 delta-spark overwrite would start from a newer snapshot than the rows it merged, and drop what was
 committed in between). Each table thus has exactly one writing engine.
 
-Every Spark session carries the connector's jars (``sluice.core.jars``, fetched by ``make setup``); the
-engine-contract tests (tests/delta/test_engine.py) run on this engine and on delta-rs's."""
+Every Spark session carries the connector's jars (``sluice.core.jars``, fetched by ``make setup``). The
+engine contract is tested in tests/delta/test_engine.py."""
 
 from __future__ import annotations
 
@@ -26,13 +26,13 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from sluice.storage import snapshots
-from sluice.storage.engine import PartitionPredicate, RsDeltaEngine, _maybe_kill
+from sluice.storage.engine import OpsDeltaEngine, PartitionPredicate, _maybe_kill
 from sluice.storage.tables import is_ops_table
 
 UNLIMITED_FILES = 2**31 - 1
 
 
-class NativeDeltaEngine:
+class SparkDeltaEngine:
     """delta-spark writes every table Spark computes; the small ops tables (``ops/*``), whose rows the driver
     builds, stay on delta-rs (see the module docstring). Never two writing engines on one table."""
 
@@ -41,7 +41,7 @@ class NativeDeltaEngine:
         self.properties = dict(properties or {})
         # The ops tables' engine. App transactions and commit metadata are read from the log by
         # sluice.storage.snapshots (reading a Delta log is engine-neutral; writing is not).
-        self._ops = RsDeltaEngine(spark, properties)
+        self._ops = OpsDeltaEngine(properties)
 
     # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
@@ -93,7 +93,7 @@ class NativeDeltaEngine:
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         if is_ops_table(path):
-            return self._ops.append(df, path, app_id=app_id, version=version, metadata=metadata)
+            raise ValueError(f"{path}: the ops tables are written from the driver; use append_rows()")
         if self._done(path, app_id, version):
             return False
         self._writer(df, app_id, version, metadata).mode("append").save(str(path))
@@ -145,6 +145,8 @@ class NativeDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
+        if is_ops_table(path):
+            raise ValueError(f"{path}: the ops tables are rewritten from the driver; use replace_rows()")
         if self._done(path, app_id, version):
             return False
         chosen = None if files is None else self._partitions(path, files)
