@@ -367,7 +367,7 @@ def test_backfill_dag_refuses_bad_params_before_spark(
     case: str, sluice_home: Any, run_dag: Callable[..., Any]
 ) -> None:
     """Bad params never reach the backfill task: either Airflow's param validation refuses the run, or the
-    validate_params task fails and the Spark task never runs."""
+    validate_params task fails, alerts (as every task that fails does), and the Spark task never runs."""
     from airflow.sdk.exceptions import ParamValidationError
 
     home = sluice_home.home
@@ -383,4 +383,11 @@ def test_backfill_dag_refuses_bad_params_before_spark(
         states = task_states(run)
         assert states["validate_params"] == "failed"
         assert states["backfill"] == "upstream_failed", "the Spark task ran despite bad params"
+        # Its one trace in the lake is the task_failure alert of validate_params.
+        [alert] = rows(home, "ops/alerts")
+        assert (alert["kind"], alert["pipeline"]) == ("task_failure", conf["pipeline"]), alert
+        assert "task:sluice_backfill.validate_params" in alert["failed_expectations"], alert
+        assert sorted(p.name for p in (home / "lake").iterdir()) == ["ops"]
+        assert sorted(p.name for p in (home / "lake" / "ops").iterdir()) == ["alerts"]
+        return
     assert not (home / "lake").exists(), "bad params must be refused before any Spark work"

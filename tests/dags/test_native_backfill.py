@@ -112,8 +112,11 @@ def gold_commits(home: Path) -> list[dict[str, Any]]:
             action = json.loads(line)
             if "txn" in action:
                 apps.add(action["txn"]["appId"])
-            if "commitInfo" in action and "sluice" in action["commitInfo"]:
-                meta = json.loads(action["commitInfo"]["sluice"])
+            # delta-spark keeps sluice's commit metadata in userMetadata (tables of sluice 0.2's delta-rs
+            # engine have it under "sluice").
+            info = action.get("commitInfo") or {}
+            if info.get("userMetadata") or info.get("sluice"):
+                meta = json.loads(info.get("userMetadata") or info["sluice"])
         out.append({"version": int(entry.stem), "apps": apps, "meta": meta})
     return out
 
