@@ -161,8 +161,9 @@ _BLOCKED_DB_URL = "airflow-db-not-allowed:"
 
 
 def task_failure_alert(context: Any) -> None:
-    """``on_failure_callback`` of sluice's Spark tasks: a ``task_failure`` alert (webhook, email, ops/alerts)
-    naming the DAG, task, run and error (:func:`sluice.alerting.outbox.on_task_failure`)."""
+    """``on_failure_callback`` of every task of sluice's DAGs (``DEFAULT_ARGS``) and of the Spark operators: a
+    ``task_failure`` alert (webhook, email, ops/alerts) naming the DAG, task, run and error
+    (:func:`sluice.alerting.outbox.on_task_failure`)."""
     if isinstance(context.get("exception"), AlertsRaised):
         return  # send_alerts failed the run on purpose, after sending (or keeping pending) those alerts
     from sluice.alerting.outbox import on_task_failure
@@ -360,7 +361,7 @@ def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS)
             )
         if errors:
             raise AlertsRaised(f"{len(errors)} alert(s) of {pipeline_name} raised and sent: "
-                                       + "; ".join(a.summary for a in errors[:5]))
+                               + "; ".join(a.summary for a in errors[:5]))
         return len(report.delivered)
 
     return send_alerts(pipeline)

@@ -33,7 +33,6 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
-from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -170,6 +169,20 @@ def _stats_for(file: Path) -> str:
     return json.dumps({"numRecords": meta.num_rows})
 
 
+def _unpartitioned(table: DeltaTable, path: Path, what: str) -> None:
+    if table.metadata().partition_columns:
+        raise ValueError(f"{what} writes the small unpartitioned ops tables; {path} is partitioned")
+
+
+def _add_file(path: Path, data: pa.Table) -> AddAction:
+    """Write ``data`` as one new Parquet file of the (unpartitioned) table and describe it for the commit."""
+    rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    dest = path / rel
+    pq.write_table(data, dest, compression="snappy")
+    return AddAction(path=rel, size=dest.stat().st_size, partition_values={}, modification_time=int(time.time() * 1000),
+                     data_change=True, stats=_stats_for(dest))
+
+
 class OpsDeltaEngine:
     """delta-rs from the driver, for the small ops tables (``ops/*``): their rows are built on the driver, so
     no Spark job (and no Spark session) is needed to write them. See the module docstring."""
@@ -299,29 +312,12 @@ class OpsDeltaEngine:
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
         table = self._table(path)
+        _unpartitioned(table, path, "append_rows")
         if self._already(table, app_id, version, path):
             return False
         data = pa.Table.from_pylist([dict(zip(schema.names, r, strict=True)) for r in rows], arrow_schema(schema))
-        partition_by = table.metadata().partition_columns
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for i, values in enumerate(zip(*(data.column(c).to_pylist() for c in partition_by), strict=True)
-                                   if partition_by else [()] * data.num_rows):
-            groups.setdefault(tuple(values), []).append(i)
-        actions: Actions = []
-        now_ms = int(time.time() * 1000)
-        for values, indices in sorted(groups.items(), key=lambda item: str(item[0])):
-            # The same hive-style layout Spark writes.
-            parts = {k: None if v is None else str(v) for k, v in zip(partition_by, values, strict=True)}
-            folder = "/".join(f"{k}={'__HIVE_DEFAULT_PARTITION__' if v is None else quote(v, safe='')}"
-                              for k, v in parts.items())
-            rel = f"{folder}/" if folder else ""
-            rel += f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            dest = path / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            pq.write_table(data.take(indices).drop_columns(list(partition_by)), dest, compression="snappy")
-            actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values=parts,
-                                     modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
-        # As in append: the files are written once, only the commit is retried.
+        # The file is written once; only the commit is retried.
+        actions: Actions = [_add_file(path, data)]
         return self._write(path, lambda _table: actions, app_id=app_id, version=version, metadata=metadata)
 
     def replace_rows(
@@ -336,41 +332,22 @@ class OpsDeltaEngine:
         version: int,
         metadata: Mapping[str, Any] | None = None,
     ) -> bool:
-        if self._table(path).metadata().partition_columns:
-            raise ValueError(f"replace_rows is for small unpartitioned tables; {path} is partitioned")
+        _unpartitioned(self._table(path), path, "replace_rows")
 
         def build(table: DeltaTable) -> Actions:
             # Merged from, and removing the files of, exactly the snapshot the commit is based on.
-            data = merged_rows(path, rows, schema, drop=drop, order_by=order_by, table=table)
-            rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-            dest = path / rel
-            pq.write_table(data, dest, compression="snappy")
-            now_ms = int(time.time() * 1000)
-            actions: Actions = [
-                RemoveAction(path=r, data_change=True, deletion_timestamp=now_ms, size=size, partition_values={})
-                for r, _values, size in self._files(path, table, None)
+            add = _add_file(path, merged_rows(path, rows, schema, drop=drop, order_by=order_by, table=table))
+            removes: Actions = [
+                RemoveAction(path=f.relative, data_change=True, deletion_timestamp=add.modification_time,
+                             size=f.size, partition_values={})
+                for f in sorted(snapshots.live_files(path, table), key=lambda f: f.relative)
             ]
-            actions.append(AddAction(path=rel, size=dest.stat().st_size, partition_values={},
-                                     modification_time=now_ms, data_change=True, stats=_stats_for(dest)))
-            return actions
+            return [*removes, add]
 
         # No rebase: delta-rs would move this rewrite past a concurrent commit that only added files (another
         # replace_rows on an empty table, an append), leaving rows this merge never saw next to it (two rows
         # for one key). Any newer version fails the commit instead, and the retry merges it in.
         return self._write(path, build, app_id=app_id, version=version, metadata=metadata, rebase=False)
-
-    # -- reads --------------------------------------------------------------------------------------
-    @staticmethod
-    def _files(
-        path: Path, table: DeltaTable, files: PartitionPredicate | None
-    ) -> list[tuple[str, dict[str, Any], int]]:
-        # delta-rs hands partition values back typed (date, int); predicates see them that way.
-        chosen = [(f.relative, dict(f.partition), f.size) for f in snapshots.live_files(path, table)
-                  if files is None or files(f.partition)]
-        return sorted(chosen, key=lambda item: item[0])
-
-    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
-        return [meta for _version, meta in snapshots.commit_metadata(path, limit)]
 
     # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
     def compact(self, path: Path) -> int:
