@@ -16,11 +16,6 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(_REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("TZ", "UTC")
-# The suite is CPU-bound on CI's 2 cores, much of it in the JIT compilers of the Spark JVMs that tests start
-# (CLI runs, crash runs, DAG tasks): each lives a minute or two, too short to repay C2's optimizations, and
-# C1 alone takes about 13% off them. spark-submit passes SPARK_SUBMIT_OPTS to the driver JVM; the suite's
-# own session, which lives for the whole run, is started without it (see `spark`).
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1")
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,18 +43,8 @@ def _no_airflow_task_context() -> Iterator[None]:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     home = tmp_path_factory.mktemp("spark-home")
     settings = load_settings({}, home=home)
-    child_options = os.environ.pop("SPARK_SUBMIT_OPTS", None)
-    try:
-        session = get_spark(settings, "sluice-tests", master="local[2]")
-    finally:
-        if child_options is not None:
-            os.environ["SPARK_SUBMIT_OPTS"] = child_options
+    session = get_spark(settings, "sluice-tests", master="local[2]")
     session.conf.set("spark.sql.shuffle.partitions", "2")
-    # The in-process tests' batches hold tens of rows: compiling the code Spark generates for each new plan
-    # costs more CPU than evaluating them, so this session interprets (Spark's own test mode, the same
-    # results; about 15% off the randomized scenarios). Processes that tests start keep code generation.
-    session.conf.set("spark.sql.codegen.wholeStage", "false")
-    session.conf.set("spark.sql.codegen.factoryMode", "NO_CODEGEN")
     yield session
     session.stop()
 
