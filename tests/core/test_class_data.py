@@ -51,6 +51,24 @@ def test_the_archive_of_this_install_is_mapped_quietly_and_one_of_another_java_i
     assert class_data.java_options() == []
 
 
+def test_a_venv_made_again_in_the_same_place_gets_an_archive_of_its_own(
+    empty_cache: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The JVM ignores an archive whose class path jars changed their modification time, silently: a venv
+    removed and made again where it was (same jars, new times) must not be offered the old one."""
+    import pyspark
+
+    package = tmp_path / "venv" / "pyspark"
+    (package / "jars").mkdir(parents=True)
+    jar = package / "jars" / "spark-core.jar"
+    jar.write_bytes(b"jar")
+    os.utime(jar, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    monkeypatch.setattr(pyspark, "__file__", str(package / "__init__.py"))
+    first = class_data.archive_path()
+    os.utime(jar, ns=(1_800_000_000_000_000_000, 1_800_000_000_000_000_000))
+    assert class_data.archive_path() != first
+
+
 def test_the_training_run_writes_the_archive_it_is_told_to(empty_cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(class_data.DUMP_ENV, "/tmp/x.jsa")
     assert class_data.java_options() == ["-XX:ArchiveClassesAtExit=/tmp/x.jsa", class_data.QUIET]

@@ -43,7 +43,8 @@ TRAINING = 2
 
 
 def archive_key() -> str | None:
-    """What the archived classes come from, hashed: the Java runtime, PySpark's jars (and where they lie), the
+    """What the archived classes come from, hashed: the Java runtime, PySpark's jars (where they lie, their sizes
+    and modification times), the
     locked jars that sessions put on Spark's classpath (``jars.lock``'s delta set) and the training
     (:data:`TRAINING`). None without a Java runtime."""
     import pyspark
@@ -58,8 +59,12 @@ def archive_key() -> str | None:
     # second checkout on the machine, with a venv of its own, gets an archive of its own.
     spark_jars = Path(pyspark.__file__).resolve().parent / "jars"
     digest.update(f"{spark_jars}\n".encode())
+    # The JVM maps an archive only into a class path whose jars have the sizes and modification times it was
+    # written with, so those are part of the key too: a venv made again in the same place (same jars, new
+    # times) gets a new archive instead of one that the JVM would silently ignore.
     for jar in sorted(spark_jars.glob("*.jar")) if spark_jars.is_dir() else []:
-        digest.update(f"{jar.name}|{jar.stat().st_size}\n".encode())
+        jar_stat = jar.stat()
+        digest.update(f"{jar.name}|{jar_stat.st_size}|{jar_stat.st_mtime_ns}\n".encode())
     for pinned in locked(("delta",)):  # the locked jars on Spark's classpath
         digest.update(f"{pinned.coordinate}|{pinned.sha256}\n".encode())
     return digest.hexdigest()[:16]
