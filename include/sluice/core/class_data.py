@@ -44,9 +44,8 @@ TRAINING = 2
 
 def archive_key() -> str | None:
     """What the archived classes come from, hashed: the Java runtime, PySpark's jars (where they lie, their sizes
-    and modification times), the
-    locked jars that sessions put on Spark's classpath (``jars.lock``'s delta set) and the training
-    (:data:`TRAINING`). None without a Java runtime."""
+    and modification times), the locked jars that sessions put on Spark's classpath (``jars.lock``'s delta set)
+    and the training (:data:`TRAINING`). None without a Java runtime."""
     import pyspark
 
     java = _java()
