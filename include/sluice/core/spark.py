@@ -133,6 +133,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # a Spark job with one task per file by default: 2.4 s on local[2] for the cycle after a 672-file
         # catch-up batch, for what is I/O on a handful of directories. A few listing tasks are enough.
         "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(LISTING_TASKS),
+        # Spark keeps the classes it generates for plans (Janino-compiled, then JIT-compiled by the JVM) in a
+        # cache of 100 by default. One cycle generates 200-300 (ingest's micro-batches, the aggregate, Delta's
+        # commits), so the cache turned over within a cycle and the same code was compiled again and again.
+        "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
         **delta_conf(),
     }
 
@@ -170,3 +174,8 @@ STATE_STORE_PROVIDERS = {
 # Tasks of a file-listing job (Spark's default is one per path, up to 10,000): enough to list an object
 # store's files in parallel on a cluster, few enough that scheduling them costs nothing on two cores.
 LISTING_TASKS = 8
+
+# Generated classes Spark keeps for reuse (its default is 100). Measured on the two-stream scenarios of
+# tests/streaming/test_randomized.py in one session: 8 cycles compiled 1287 classes with the default and 391
+# with this, and the cycles after the first took 25-35% less time. The classes are small (tens of KB each).
+CODEGEN_CACHE_ENTRIES = 2000
