@@ -111,7 +111,8 @@ def test_an_older_alerts_table_gains_the_outbox_columns(settings: Settings, webh
 
 def test_recording_an_alert_does_not_load_airflow(tmp_path: Path) -> None:
     """Data quality records its failures in the outbox in the Spark application of a cycle or a backfill;
-    Airflow (seconds to import) is loaded only by whoever delivers them."""
+    Airflow (seconds to import) is loaded only by whoever delivers them. A cycle's summary of what became of
+    its alerts (which names the connections) does not load it either."""
     script = (
         "import sys\n"
         "from datetime import UTC, datetime\n"
@@ -123,6 +124,8 @@ def test_recording_an_alert_does_not_load_airflow(tmp_path: Path) -> None:
         "t = datetime(2024, 5, 1, 10, tzinfo=UTC)\n"
         "record_alerts(settings, [Alert('p', t, t, [{'expectation': 'e', 'observed_value': 'v'}], None, t)])\n"
         "assert [r['channels'] for r in read_outbox(settings)] == ['pending']\n"
+        "from sluice.alerting.outbox import AlertTally\n"
+        "assert 'sluice_webhook' in AlertTally(unrouted=1).render()[0]\n"
         "print(sorted(m for m in sys.modules if m == 'airflow' or m.startswith('airflow.')))\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)

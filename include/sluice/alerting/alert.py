@@ -30,6 +30,11 @@ def one_line(value: object) -> str:
     return " ".join(str(value).split())
 
 
+#: The Airflow connections that route alerts (:mod:`sluice.alerting.notifiers` delivers through them). Here, so
+#: that naming them (in a cycle's summary) does not import Airflow.
+WEBHOOK_CONN_ID = "sluice_webhook"
+SMTP_CONN_ID = "sluice_smtp"
+
 #: Alert kinds: a closed window failed its checks; landing files could not be read (quarantined whole); a
 #: closed window was re-computed with its late records (a notice, level info); a window stayed open past
 #: end + lateness_bound + freshness_grace; an Airflow task of sluice crashed.

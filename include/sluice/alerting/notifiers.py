@@ -64,7 +64,7 @@ from airflow.sdk import BaseHook, BaseNotifier
 from airflow.sdk.exceptions import AirflowNotFoundException
 
 # The alert itself lives in an Airflow-free module, so that building and recording alerts never loads Airflow.
-from sluice.alerting.alert import Alert, one_line, task_event
+from sluice.alerting.alert import SMTP_CONN_ID, WEBHOOK_CONN_ID, Alert, one_line, task_event
 from sluice.core.logsetup import reclaim_from_airflow
 
 if TYPE_CHECKING:
@@ -73,8 +73,6 @@ if TYPE_CHECKING:
 reclaim_from_airflow()  # importing Airflow (above) pointed the logs at stdout
 log = logging.getLogger("sluice.alerts")
 
-WEBHOOK_CONN_ID = "sluice_webhook"
-SMTP_CONN_ID = "sluice_smtp"
 #: Where ``send_alert`` puts the :class:`Alert` in the notifier context.
 CONTEXT_KEY = "sluice_alert"
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
+from sluice.alerting.alert import SMTP_CONN_ID, WEBHOOK_CONN_ID
 from sluice.config import Settings
 from sluice.storage import tables
 from sluice.storage.engine import COMMIT_ATTEMPTS, CommitConflictError, commit_backoff
@@ -205,8 +206,6 @@ class AlertTally:
 
     def render(self) -> list[str]:
         """One line per outcome, e.g. "7 alerts recorded, no channel configured (sluice_webhook, sluice_smtp)"."""
-        from sluice.alerting.notifiers import SMTP_CONN_ID, WEBHOOK_CONN_ID
-
         lines = []
         if self.sent:
             lines.append(f"{_alerts(self.sent)} recorded and sent")
