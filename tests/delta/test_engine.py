@@ -720,6 +720,26 @@ def test_empty_table_reads_as_empty_frame_with_table_schema(
     assert engine.read(path, files=lambda v: True).count() == 0
 
 
+def test_a_table_an_older_sluice_created_gains_the_columns_added_since_and_keeps_its_rows(
+    spark: SparkSession, engine: DeltaEngine, settings: Settings
+) -> None:
+    table = tables.bronze(settings.stream("clicks"))
+    path = table.path(settings)
+    older = StructType([f for f in table.schema.fields if f.name != "is_heartbeat"])
+    engine.ensure_table(path, older, table.partition_by)
+    row = _click(1, 10)
+    kept = tuple(v for f, v in zip(table.schema.fields, row, strict=True) if f.name != "is_heartbeat")
+    assert engine.append(spark.createDataFrame([kept], older), path, app_id="ingest", version=1)
+
+    engine.ensure_table(path, table.schema, table.partition_by)
+    assert _version(path) == 2  # one metadata-only commit
+    assert engine.schema(path).names == [*older.names, "is_heartbeat"]
+    (read,) = engine.read(path).collect()
+    assert read["click_id"] == row[table.schema.names.index("click_id")] and read["is_heartbeat"] is None
+    engine.ensure_table(path, table.schema, table.partition_by)
+    assert _version(path) == 2  # nothing left to add: no commit
+
+
 # -- driver-side writes of small tables (ops rows, heartbeats, ledger, DQ results) -----------------------
 def test_append_rows_lands_in_the_same_layout_spark_writes(
     spark: SparkSession, engine: DeltaEngine, events: Path
