@@ -81,7 +81,7 @@ def _expected(manifest: Manifest, stream: str) -> dict[str, int]:
 
 
 def _table_rows(settings: Settings, name: str) -> list[dict[str, object]]:
-    return pa.table(DeltaTable(str(settings.lake / name)).to_pyarrow_table()).to_pylist()
+    return pa.table(DeltaTable(str(settings.lake.local() / name)).to_pyarrow_table()).to_pylist()
 
 
 def _file_name(source_file: object) -> str:
@@ -120,7 +120,7 @@ def test_every_line_is_accounted_for_over_several_cycles(
     # Three cycles, each seeing the files that have arrived by then (one inside the idle gap).
     for cut_hours in (0.75, 1.25, 2.2):
         cut = start + cut_hours * 3600
-        _reveal(staging, settings.landing, cut)
+        _reveal(staging, settings.landing.local(), cut)
         now = options.start + timedelta(hours=cut_hours)
         run_ingest(spark, replace(settings, now_override=now), engine, STREAMS)
         for stream in STREAMS:
@@ -177,7 +177,7 @@ def test_every_line_is_accounted_for_over_several_cycles(
         assert all(r["raw"] is None and str(r["detail"] or "").strip() for r in unreadable), unreadable
 
     # Every quarantine table reads with delta-rs (no text it cannot decode, nothing Spark-only).
-    quarantine_tables = sorted(p.parent for p in (settings.lake / "quarantine").glob("*/_delta_log"))
+    quarantine_tables = sorted(p.parent for p in (settings.lake.local() / "quarantine").glob("*/_delta_log"))
     assert [p.name for p in quarantine_tables] == sorted(STREAMS)
     for table in quarantine_tables:
         data = DeltaTable(str(table)).to_pyarrow_table()

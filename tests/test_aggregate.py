@@ -40,7 +40,7 @@ GOLD = {
 
 
 def _rows(settings: Settings, table: str, columns: tuple[str, ...] | None = None) -> list[tuple[Any, ...]]:
-    path = settings.lake / table
+    path = settings.lake.local() / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
     data = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
@@ -81,7 +81,7 @@ def test_catch_up_gives_the_same_tables_as_streaming(
         settings = replace(load_settings({}, home=tmp_path / label), catchup_min_windows=minimum)
         snapshots[label] = []
         for now in plan:
-            _reveal(staging, settings.landing, now)
+            _reveal(staging, settings.landing.local(), now)
             at = replace(settings, now_override=now)
             run_cycle(at, pipeline, spark=spark, check_quality=False, deliver_alerts=False)
             snapshots[label].append(_snapshot(at, pipeline))
@@ -106,7 +106,7 @@ def test_catch_up_gives_the_same_tables_as_streaming(
 def test_no_catch_up_below_the_threshold_or_once_streaming(spark: SparkSession, tmp_path: Path) -> None:
     options = CASES["user_activity_hourly"]
     settings = replace(load_settings({}, home=tmp_path / "home"), catchup_min_windows=50)
-    generate(settings.landing, options)
+    generate(settings.landing.local(), options)
     run_cycle(replace(settings, now_override=options.start + 8 * HOUR), "user_activity_hourly", spark=spark,
               check_quality=False, deliver_alerts=False)
     marker = settings.checkpoints / "pipelines" / "user_activity_hourly" / "catchup.json"

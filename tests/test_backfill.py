@@ -49,7 +49,7 @@ def utc(value: datetime) -> datetime:
 
 
 def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
-    path = settings.lake / table
+    path = settings.lake.local() / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
@@ -81,7 +81,7 @@ def hour_of(ts: datetime) -> Window:
 
 
 def version(settings: Settings, table: str) -> int:
-    return DeltaTable(str(settings.lake / table)).version()
+    return DeltaTable(str(settings.lake.local() / table)).version()
 
 
 def rfc3339(value: datetime) -> str:
@@ -196,7 +196,7 @@ class Base:
 def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Base:
     home = tmp_path_factory.mktemp("backfill-base") / "home"
     landing_settings = load_settings(ENV, home=home)
-    manifest = generate(landing_settings.landing, OPTIONS, specs=landing_settings.streams)
+    manifest = generate(landing_settings.landing.local(), OPTIONS, specs=landing_settings.streams)
     assert manifest.last_arrival is not None
     now = manifest.last_arrival + timedelta(minutes=5)
     settings = load_settings(ENV, home=home, now=now)
@@ -381,14 +381,14 @@ def test_backfill_waits_for_a_running_cycle_and_commits_after_it(
     events = {"streams": ("events",), "events_per_hour": 150, "late_share": 0.0, "users": 20}
     # Phase 1 (in process): three hours, windows 0-1 closed.
     first = load_settings({}, home=home)
-    manifest = generate(first.landing, GenerateOptions(seed=5, hours=3, **events), specs=first.streams)
+    manifest = generate(first.landing.local(), GenerateOptions(seed=5, hours=3, **events), specs=first.streams)
     assert manifest.last_arrival is not None
     first = load_settings({}, home=home, now=manifest.last_arrival + timedelta(minutes=5))
     assert run_cycle(first, pipeline, spark=spark).exit_code == 0
     closed = sorted(ledger(first, pipeline))
     assert len(closed) >= 2, closed
     # Phase 2: two more hours arrive; the scheduled run (a real `sluice run` process) closes more windows.
-    generate(first.landing, GenerateOptions(seed=6, start=START + 3 * HOUR, hours=2, **events), specs=first.streams)
+    generate(first.landing.local(), GenerateOptions(seed=6, start=START + 3 * HOUR, hours=2, **events), specs=first.streams)
     now = START + 7 * HOUR
     tables = [home / "lake" / t for t in ("gold/user_activity_hourly", "ops/window_ledger", "ops/dq_results")]
     baseline = {t: max(v for v, _ts, _apps in _commits(t)) for t in tables}

@@ -175,7 +175,7 @@ def test_lines_that_are_not_utf8_are_quarantined_with_their_bytes(
 
     assert bronze_ids(done, stream) == ["good"]
     # The table stays readable by any Delta reader (no invalid UTF-8 in a string column) ...
-    rows = DeltaTable(str(done.lake / f"quarantine/{stream}")).to_pyarrow_table().to_pylist()
+    rows = DeltaTable(str(done.lake.local() / f"quarantine/{stream}")).to_pyarrow_table().to_pylist()
     assert {r["reason"] for r in rows} == {"bad_encoding"}
     assert {r["detail"] for r in rows} == {"line is not valid UTF-8; raw holds its bytes base64-encoded"}
     # ... and the bytes are kept losslessly.
@@ -354,7 +354,7 @@ def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -
         assert any("waiting for the stream lock held by pid" in s for s in said), "".join(said)[-2000:]
         time.sleep(5)  # a run that ignored the lock would be writing bronze by now, or have failed
         assert proc.poll() is None, "sluice ingest did not wait for the stream lock"
-        assert not DeltaTable.is_deltatable(str(settings.lake / "bronze/impressions"))
+        assert not DeltaTable.is_deltatable(str(settings.lake.local() / "bronze/impressions"))
     assert proc.wait(timeout=600) == 0
     reader.join(timeout=10)
     err = "".join(said)

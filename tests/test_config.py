@@ -19,8 +19,8 @@ def test_spec_defaults() -> None:
     for name in ("impressions", "clicks", "events"):
         assert s.stream(name).early_tolerance == timedelta(minutes=5)
         assert s.stream(name).idle_timeout == timedelta(minutes=30)
-    assert s.landing == Path("/tmp/sluice-home/landing")
-    assert s.lake == Path("/tmp/sluice-home/lake")
+    assert s.landing.local() == Path("/tmp/sluice-home/landing")
+    assert s.lake.local() == Path("/tmp/sluice-home/lake")
     assert s.lateness_threshold == 0.01
     assert s.now_override is None
 
@@ -32,7 +32,7 @@ def test_roots_and_now_are_injected(tmp_path: Path) -> None:
         "SLUICE_NOW": "2024-05-01T12:00:00+02:00",
     }
     s = load_settings(env)
-    assert s.home == tmp_path and s.lake == tmp_path / "elsewhere" and s.landing == tmp_path / "landing"
+    assert s.home == tmp_path and s.lake.local() == tmp_path / "elsewhere" and s.landing.local() == tmp_path / "landing"
     assert s.now() == datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
     assert load_settings(env, now="2024-05-02T00:00:00Z").now() == datetime(2024, 5, 2, tzinfo=UTC)
 
@@ -145,7 +145,7 @@ def test_yaml_values_of_the_right_type_are_converted(tmp_path: Path) -> None:
     s = load_settings({"SLUICE_CONFIG": str(config)})
     assert s.now() == datetime(2024, 5, 1, 6, tzinfo=UTC)
     assert (s.shuffle_partitions, s.spark_master) == (3, "local[2]")
-    assert s.lateness_threshold == 0.0 and s.landing == Path("/data/landing")
+    assert s.lateness_threshold == 0.0 and s.landing.local() == Path("/data/landing")
     assert s.windows["ad_clicks_hourly"] == (timedelta(hours=1), timedelta(minutes=30))
 
 

@@ -12,6 +12,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.core.lake import Lake, parse_root
 from sluice.ingest import landing
 from sluice.ingest.landing import file_watermarks, load_state, run_ingest
 from sluice.storage.engines import engine_for
@@ -139,7 +140,8 @@ def test_lateness_is_judged_file_by_file_whatever_the_trigger_size(
     land(settings, "impressions", "f1.jsonl", [imp("a", 60)], arrival_minutes=61)
     land(settings, "impressions", "f2.jsonl", [imp("b", 30)], arrival_minutes=62)
     for files_per_trigger, home in ((1000, "big"), (1, "small")):
-        s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
+        s = replace(settings, lake=Lake(parse_root(settings.home / home, "lake")),
+                    max_files_per_trigger=files_per_trigger)
         ingest(spark, s, 63)
         assert [r["impression_id"] for r in table(s, "dlq/impressions")] == ["b"]
         # The counts agree: with both files in one trigger, f2 is judged against the watermark f1 moved.
@@ -324,7 +326,8 @@ def test_a_quarantined_copy_does_not_make_the_valid_record_a_duplicate(
     land(settings, "impressions", "f1.jsonl", [imp("a", 0, event_time="yesterday")], arrival_minutes=1)
     land(settings, "impressions", "f2.jsonl", [imp("a", 0)], arrival_minutes=2)
     for files_per_trigger, home in ((1000, "big"), (1, "small")):
-        s = replace(settings, lake=settings.home / home, max_files_per_trigger=files_per_trigger)
+        s = replace(settings, lake=Lake(parse_root(settings.home / home, "lake")),
+                    max_files_per_trigger=files_per_trigger)
         ingest(spark, s, 3)
         assert [r["impression_id"] for r in table(s, "bronze/impressions")] == ["a"], files_per_trigger
         assert [r["reason"] for r in table(s, "quarantine/impressions")] == ["bad_timestamp"]

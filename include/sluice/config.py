@@ -34,6 +34,7 @@ import yaml
 
 from sluice.core.api import CORRECTION_POLICIES
 from sluice.core.errors import ConfigError
+from sluice.core.lake import Credentials, Lake, Root, parse_root
 from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import Registry, default_pipelines_path, load_registry
 from sluice.core.timeutil import parse_duration, parse_timestamp
@@ -45,8 +46,10 @@ class Settings:
     """Resolved configuration for one process. Storage roots are always injected, never hard-coded."""
 
     home: Path
-    landing: Path
-    lake: Path
+    # The two roots (SPEC 1): a local folder or an object-storage prefix. Every table, checkpoint and landing
+    # folder is named from them; nothing under them is a hard-coded path.
+    landing: Root
+    lake: Lake
     now_override: datetime | None = None
     # The pipelines folder (SPEC 8); its streams and pipelines are the registry.
     pipelines_path: Path = field(default_factory=default_pipelines_path)
@@ -143,20 +146,17 @@ class Settings:
             ) from None
 
     def landing_dir(self, stream: str) -> Path:
-        return self.landing / stream
-
-    def table_path(self, *parts: str) -> Path:
-        """Path of a Delta table under the lake, e.g. ``table_path("bronze", "readings")``."""
-        return self.lake.joinpath(*parts)
+        return self.landing.local(stream)
 
     @property
     def checkpoints(self) -> Path:
-        return self.lake / "_checkpoints"
+        return self.lake.local("_checkpoints")
 
     def check_roots(self, *, writable: bool) -> None:
-        """Fail fast, naming the path, when the home or the lake cannot be used (see :func:`check_folder`)."""
+        """Fail fast, naming the path, when the home or a local lake cannot be used (see :func:`check_folder`)."""
         check_folder(self.home, "SLUICE_HOME", writable=writable, hint="SLUICE_HOME (or --home)")
-        check_folder(self.lake, "lake", writable=writable, hint="SLUICE_LAKE (or the YAML key lake)")
+        if self.lake.is_local:
+            check_folder(self.lake.local(), "lake", writable=writable, hint="SLUICE_LAKE (or the YAML key lake)")
 
 
 # Timestamps sluice accepts for "now" and backfill ranges. From 1900 on, Spark stores timestamps in Parquet
@@ -285,6 +285,12 @@ def _path(value: Any, key: str) -> Path:
     return Path(value)
 
 
+def _root(value: Any, key: str) -> Root:
+    if not isinstance(value, str):
+        raise ConfigError(f"{key}: {value!r} is not a folder; give a folder path, file:///path or s3://bucket/prefix")
+    return parse_root(value, key)
+
+
 def _retired_engine(value: Any, key: str) -> None:
     """``delta_engine`` chose between delta-rs and delta-spark until sluice 0.3; delta-spark now writes every
     table Spark writes (SPEC section 7). ``native`` still loads; ``rs`` fails, saying so."""
@@ -389,8 +395,8 @@ def _schema(registry: Registry) -> _Section:
     window = _Section({"size": _positive_duration, "hop": _positive_duration}, "{size: 1h, hop: 30m}")
     return _Section(
         {
-            "landing": _path,
-            "lake": _path,
+            "landing": _root,
+            "lake": _root,
             "now": _timestamp,
             "pipelines_path": _path,
             **_GLOBALS,
@@ -560,12 +566,14 @@ def load_settings(
     typed.pop("delta_engine", None)  # validated above; there is no choice left to make
     if "shuffle_partitions" not in typed:
         typed["shuffle_partitions"] = default_shuffle_partitions(typed.get("spark_master", Settings.spark_master))
-    landing = Path(env.get("SLUICE_LANDING") or conf.get("landing") or home_path / "landing")
-    lake = Path(env.get("SLUICE_LAKE") or conf.get("lake") or home_path / "lake")
+    landing = (parse_root(env["SLUICE_LANDING"], "SLUICE_LANDING") if env.get("SLUICE_LANDING")
+               else conf.get("landing") or parse_root(home_path / "landing", "SLUICE_HOME"))
+    lake = (parse_root(env["SLUICE_LAKE"], "SLUICE_LAKE") if env.get("SLUICE_LAKE")
+            else conf.get("lake") or parse_root(home_path / "lake", "SLUICE_HOME"))
     return Settings(
         home=home_path,
-        landing=landing.absolute(),
-        lake=lake.absolute(),
+        landing=landing,
+        lake=Lake(lake, Credentials.from_env(env)),
         now_override=now_value,
         pipelines_path=pipelines_path,
         _registry=registry,

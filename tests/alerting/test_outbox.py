@@ -95,7 +95,7 @@ def test_an_older_alerts_table_gains_the_outbox_columns(settings: Settings, webh
     import pyarrow as pa
     from deltalake import write_deltalake
 
-    path = settings.lake / "ops" / "alerts"
+    path = settings.lake.local() / "ops" / "alerts"
     old = pa.schema([("pipeline", pa.string()), ("window_start", pa.timestamp("us", tz="UTC")),
                      ("window_end", pa.timestamp("us", tz="UTC")), ("raised_at", pa.timestamp("us", tz="UTC")),
                      ("message", pa.string()), ("channels", pa.string()), ("failed_expectations", pa.string())])

@@ -71,7 +71,7 @@ class SluiceHome:
     def generate(self, options: GenerateOptions, *, now: datetime | None = None) -> Manifest:
         """Generate landing files; ``now`` defaults to two hours after the data (every window closable:
         the idle heartbeat lands at now - 30 min, beyond the last window end + the 30 min join bound)."""
-        manifest = generate(self.settings.landing, options, specs=self.settings.streams)
+        manifest = generate(self.settings.landing.local(), options, specs=self.settings.streams)
         self.set_now(now or options.start + timedelta(hours=options.hours + 2))
         return manifest
 

@@ -113,7 +113,7 @@ def _version(path: Path) -> int:
 
 
 def _log(path: Path, version: int) -> list[dict[str, Any]]:
-    text = (path / "_delta_log" / f"{version:020d}.json").read_text()
+    text = (Path(path) / "_delta_log" / f"{version:020d}.json").read_text()
     return [json.loads(line) for line in text.splitlines() if line.strip()]
 
 
@@ -130,7 +130,7 @@ def _live_files(path: Path) -> set[str]:
 
 
 def _parquet_on_disk(path: Path) -> set[str]:
-    return {str(p) for p in path.rglob("*.parquet") if "_delta_log" not in p.parts}
+    return {str(p) for p in Path(path).rglob("*.parquet") if "_delta_log" not in p.parts}
 
 
 @pytest.fixture
@@ -277,7 +277,7 @@ def test_crash_while_writing_files_leaves_them_invisible(
     """A writer SIGKILLed after its first data files reached the table, before its commit: no reader sees
     them, and the restarted writer commits its batch exactly once."""
     monkeypatch.delenv("SLUICE_KILL_AFTER_COMMIT", raising=False)
-    table = settings.lake / "bronze" / "events"
+    table = settings.lake.local() / "bronze" / "events"
     engine.ensure_table(table, SCHEMA, PARTS)
     committed = [_row(1, 10), _row(2, 11)]
     assert engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True
@@ -321,7 +321,7 @@ def test_crash_right_after_commit_keeps_the_commit_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("SLUICE_KILL_AFTER_COMMIT", raising=False)
-    table = settings.lake / "bronze" / "events"
+    table = settings.lake.local() / "bronze" / "events"
     engine.ensure_table(table, SCHEMA, PARTS)
     committed = [_row(1, 10)]
     assert engine.append(_df(spark, committed), table, app_id="ingest", version=1) is True

@@ -1,7 +1,7 @@
 """The storage contract of the driver's own objects (sluice.storage.objects), the same on a local folder and on
 a real S3 server (s3proxy, tests/support/s3.py): whole-object replace, create-only writes with exactly one
 winner, paged listings of one folder with arrival times, names with ':', spaces and unicode. And the roots
-and credentials they are built from (sluice.storage.lake)."""
+and credentials they are built from (sluice.core.lake)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import ConfigError
-from sluice.storage.lake import Credentials, Lake, Root, parse_root
+from sluice.core.lake import Credentials, Lake, Root, parse_root
 from sluice.storage.objects import LocalStore, ObjectStore, S3Store, store_for
 from support.s3 import S3Server
 

@@ -61,7 +61,7 @@ UnmatchedRow = tuple[datetime, datetime, str, int]
 
 # ------------------------------------------------------------------------------------------------ helpers
 def _table(settings: Settings, name: str) -> list[dict[str, Any]]:
-    path = settings.lake / name
+    path = settings.lake.local() / name
     if not DeltaTable.is_deltatable(str(path)):
         return []
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
@@ -109,7 +109,7 @@ def oracle(settings: Settings) -> Oracle:
         con.execute("SET TimeZone = 'UTC'")
         for stream in STREAMS:
             con.execute(
-                f"CREATE VIEW raw_{stream} AS SELECT * FROM delta_scan('{settings.lake / 'bronze' / stream}')"
+                f"CREATE VIEW raw_{stream} AS SELECT * FROM delta_scan('{settings.lake.local() / 'bronze' / stream}')"
             )
         con.execute("CREATE VIEW imp AS SELECT impression_id, ad_id, event_time FROM raw_impressions "
                     "WHERE NOT is_heartbeat")
@@ -230,7 +230,7 @@ def windows_of(rows: list[AdRow] | list[UnmatchedRow]) -> set[tuple[datetime, da
 def single_run(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> tuple[Settings, Manifest]:
     """All the data in one cycle, ``now`` three hours after the last file: idle heartbeats close everything."""
     settings = load_settings({}, home=tmp_path_factory.mktemp("ad-single") / "home")
-    manifest = generate(settings.landing, OPTIONS, specs=settings.streams)
+    manifest = generate(settings.landing.local(), OPTIONS, specs=settings.streams)
     assert manifest.last_arrival is not None
     settings = cycle(spark, settings, manifest.last_arrival + timedelta(hours=3))
     return settings, manifest
@@ -340,7 +340,7 @@ def progressive(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     ]
     snapshots = []
     for label, now in plan:
-        reveal(staging, settings.landing, now)
+        reveal(staging, settings.landing.local(), now)
         if label == "new-data":
             land(settings, "impressions", "new.jsonl",
                  [{"impression_id": i, "ad_id": a, "event_time": iso(_at(t))} for i, a, t in NEW_IMPRESSIONS],

@@ -45,7 +45,7 @@ def as_set(frame) -> set[tuple]:  # type: ignore[no-untyped-def]
 def test_gold_rows_of_the_checked_windows_with_pyarrow_and_with_spark(
     spark: SparkSession, settings: Settings
 ) -> None:
-    path = settings.lake / "gold" / "orders"
+    path = settings.lake.local() / "gold" / "orders"
     write_gold(path)
     engine = engine_for(spark, settings)
     checked = [hour(0), hour(2), hour(3)]  # hour 3 has no rows; hours 1 and 5 are not checked

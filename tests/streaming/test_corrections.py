@@ -122,7 +122,7 @@ def ledger(settings: Settings) -> dict[Window, LedgerRow]:
 
 def gold(settings: Settings, version: int | None = None) -> dict[Window, dict[str, dict[str, Any]]]:
     """gold/device_temps (at ``version``): window -> device -> row."""
-    path = settings.lake / GOLD
+    path = settings.lake.local() / GOLD
     rows = DeltaTable(str(path), version=version).to_pyarrow_table().to_pylist()
     out: dict[Window, dict[str, dict[str, Any]]] = {}
     for r in rows:
@@ -134,8 +134,8 @@ def versions(settings: Settings) -> dict[str, int | None]:
     """The Delta version of every table a cycle can write (None: not created)."""
     names = [GOLD, "ops/window_ledger", "ops/dq_results", "ops/alerts", "dlq/readings", "bronze/readings",
              "ops/ingest_batches"]
-    return {n: DeltaTable(str(settings.lake / n)).version() if DeltaTable.is_deltatable(str(settings.lake / n))
-            else None for n in names}
+    uris = {n: settings.lake.table(n) for n in names}
+    return {n: DeltaTable(uri).version() if DeltaTable.is_deltatable(uri) else None for n, uri in uris.items()}
 
 
 def gold_version(settings: Settings) -> int:
@@ -252,7 +252,7 @@ def test_manual_flags_late_data_waiting_and_leaves_gold_alone(
     # The scan recorded how far it looked: the DLQ's version mark is the ledger's app transaction.
     engine = engine_for(spark, settings)
     mark = dlq_mark(dlq_paths(settings, settings.pipeline(PIPELINE)))
-    assert engine.committed_version(settings.lake / "ops/window_ledger", "sluice.amend.device_temps") == mark
+    assert engine.committed_version(settings.lake.local() / "ops/window_ledger", "sluice.amend.device_temps") == mark
 
     # Idempotent: the same cycle again commits nothing anywhere (the scan is skipped: no DLQ commit since).
     seen = versions(settings)
@@ -298,7 +298,7 @@ def test_manual_flags_late_data_waiting_and_leaves_gold_alone(
     # Issue 13: the scan reads only the DLQ files added since it last ran (a file's counts per time bucket
     # are kept): the DLQ files of 10:03 and 10:12 are made unreadable, and a reading at 10:21 still counts
     # exactly.
-    dlq = settings.lake / "dlq/readings"
+    dlq = settings.lake.local() / "dlq/readings"
     old_files = [Path(uri) for uri in DeltaTable(str(dlq)).file_uris()]
     land_file(settings, ("late3.jsonl", "11:06", [reading(9, "d1", "10:21", 26.0, 84)]))
     at_now = replace(settings, now_override=at("11:10"))
@@ -447,8 +447,8 @@ def test_retry_re_checks_then_recomputes_exactly_the_failed_windows(
 # ------------------------------------------------------------------------------------------------ no-op
 def lake_versions(settings: Settings) -> dict[str, int]:
     """The Delta version of every table under lake/ (ops/* included)."""
-    return {str(log.parent.relative_to(settings.lake)): DeltaTable(str(log.parent)).version()
-            for log in sorted(settings.lake.glob("**/_delta_log"))}
+    return {str(log.parent.relative_to(settings.lake.local())): DeltaTable(str(log.parent)).version()
+            for log in sorted(settings.lake.local().glob("**/_delta_log"))}
 
 
 @pytest.mark.spark

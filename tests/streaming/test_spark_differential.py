@@ -105,7 +105,7 @@ def test_generated_stream_matches_plain_spark_as_documented(spark: SparkSession,
     settings = replace(load_settings({}, home=tmp_path / "home"), now_override=datetime(2024, 5, 1, 3, tzinfo=UTC))
     options = GenerateOptions(hours=2, events_per_hour=240, late_share=0.05, duplicate_share=0.03,
                               malformed_share=0.02, early_share=0.0, streams=("events",))
-    generate(settings.landing, options, specs=settings.streams)
+    generate(settings.landing.local(), options, specs=settings.streams)
     spark_counted, spark_marks = plain_spark(spark, settings.landing_dir("events"), tmp_path / "plain-spark")
     ours = sluice_side(spark, settings)
     assert ours["dlq"] and ours["duplicates"], "the data must hold late and duplicate records"

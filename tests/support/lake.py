@@ -33,7 +33,7 @@ def land(settings: Settings, stream: str, name: str, lines: Iterable[str | Mappi
 
 def table(settings: Settings, name: str) -> list[dict[str, Any]]:
     """Every row of ``lake/<name>`` (empty when the table does not exist yet)."""
-    path = settings.lake / name
+    path = settings.lake.local() / name
     if not DeltaTable.is_deltatable(str(path)):
         return []
     return DeltaTable(str(path)).to_pyarrow_table().to_pylist()

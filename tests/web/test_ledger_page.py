@@ -94,7 +94,7 @@ def sluice_home(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     def land(start: str, hours: int, late_share: float) -> None:
         options = GenerateOptions(streams=("events",), events_per_hour=240, seed=11, start=_at(start), hours=hours,
                                   late_share=late_share)
-        generate(settings.landing, options, specs=settings.streams)
+        generate(settings.landing.local(), options, specs=settings.streams)
 
     def at(now: str) -> Settings:
         return replace(settings, now_override=_at(now))

@@ -70,7 +70,7 @@ def _arrive(incoming: Path, landing: Path, now: datetime) -> int:
 def _gold_summary(settings: Settings) -> str:
     out = []
     for name in ("ad_clicks_hourly", "unmatched_clicks_hourly", "user_activity_hourly"):
-        path = settings.lake / "gold" / name
+        path = settings.lake.table(f"gold/{name}")
         if not DeltaTable.is_deltatable(str(path)):
             continue
         data = pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pandas()
@@ -106,7 +106,8 @@ def run_demo(settings: Settings) -> int:
 
     options = GenerateOptions(hours=24, idle_gap_minutes=45)
     incoming = settings.home / "incoming"
-    if not any(settings.landing.glob("*/*.json*")) and not any(incoming.glob("*/*.json*")):
+    landing = settings.landing.local()
+    if not any(landing.glob("*/*.json*")) and not any(incoming.glob("*/*.json*")):
         print(f"[1/4] generating {options.hours:g} hours of events from {options.start:%Y-%m-%d} into {incoming}")
         manifest = generate(incoming, options, specs=settings.streams)
         print(manifest.describe(), flush=True)
@@ -127,7 +128,7 @@ def run_demo(settings: Settings) -> int:
     print("[3/4] scheduled runs through Airflow (`airflow dags test`), the clock advancing:", flush=True)
     worst = 0
     for dag_id, now in schedule:
-        arrived = _arrive(incoming, settings.landing, now)
+        arrived = _arrive(incoming, landing, now)
         code, secs, log_file = _airflow(settings, now, "dags", "test", dag_id, now.isoformat(),
                                         log_name=f"{dag_id}-{now:%Y%m%dT%H%M}")
         state = "success" if code == 0 else "FAILED (a window failed its checks, or the run broke)"

@@ -136,9 +136,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from sluice_tools.generate import generate, options_from_args
 
     settings = _settings(args)
-    check_folder(settings.landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
+    landing = settings.landing.local()
+    check_folder(landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
     options = options_from_args(args)
-    manifest = generate(settings.landing, options, specs=settings.streams)
+    manifest = generate(landing, options, specs=settings.streams)
     if args.manifest:
         manifest.write_manifest(Path(args.manifest))
     print(manifest.describe())
@@ -201,7 +202,7 @@ def _require_bronze(settings: Settings, pipeline: str) -> None:
     missing = [s for s, path in bronze.items() if not snapshots.exists(path)]
     if missing:
         raise ConfigError(
-            f"nothing to backfill: no bronze table for {', '.join(missing)} under {settings.lake / 'bronze'}; "
+            f"nothing to backfill: no bronze table for {', '.join(missing)} under {settings.lake.table('bronze')}; "
             f"if SLUICE_HOME ({settings.home}) is not the home your runs use, point SLUICE_HOME (or --home) at it, "
             f"otherwise ingest first with `sluice run {pipeline}`"
         )
@@ -264,7 +265,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sluice_tools.demo import run_demo
 
     settings = _settings(args, writes=True)
-    check_folder(settings.landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
+    check_folder(settings.landing.local(), "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
     return run_demo(settings)
 
 
@@ -321,7 +322,8 @@ def cmd_new_pipeline(args: argparse.Namespace) -> int:
     registry = settings.registry
     declared = {stream: p.source or registry.path for p in registry.pipelines.values() for stream in p.streams}
     done = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None,
-                    stream=args.stream, landing_root=settings.landing, declared_streams=declared)
+                    stream=args.stream, landing_root=settings.landing.local() if settings.landing.is_local else None,
+                    declared_streams=declared)
 
     def shown(path: Path) -> str:  # relative to the working directory when under it: what a user types
         with contextlib.suppress(ValueError):

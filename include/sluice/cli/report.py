@@ -5,7 +5,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from pathlib import Path
 
 from sluice.config import Settings
 from sluice.ingest.landing import load_state
@@ -16,7 +15,7 @@ def fmt_ts(value: datetime | None) -> str:
     return value.strftime("%Y-%m-%d %H:%M:%SZ") if value else "-"
 
 
-def table_rows(path: Path) -> int | None:
+def table_rows(path: str) -> int | None:
     """Row count of a Delta table from its log (numRecords of the live files), or None if absent."""
     table = snapshots.open_table(path)
     if table is None:

@@ -12,7 +12,6 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -131,7 +130,7 @@ def render_status(settings: Settings) -> str:
 def _table_counts(settings: Settings) -> list[tuple[str, int | None]]:
     """(table, rows) of every table sluice writes; None for a table that does not exist yet."""
     gold = [(o.table_name, o.path(settings)) for p in settings.registry.pipelines.values() for o in p.outputs]
-    named: list[tuple[str, Path]] = [(t.name, t.path(settings)) for t in tables.all_ingest_tables(settings)]
+    named: list[tuple[str, str]] = [(t.name, t.path(settings)) for t in tables.all_ingest_tables(settings)]
     named += [*gold, *[(t.name, t.path(settings)) for t in (WINDOW_LEDGER, tables.DQ_RESULTS, tables.ALERTS)]]
     return [(name, table_rows(path)) for name, path in named]
 
@@ -207,7 +206,7 @@ def find_windows(settings: Settings, start: datetime, pipeline: str | None) -> l
     return found
 
 
-def _window_rows(path: Path, version: int, row: LedgerRow) -> list[dict[str, Any]]:
+def _window_rows(path: str, version: int, row: LedgerRow) -> list[dict[str, Any]]:
     """The gold rows of the window at ``version`` (time travel), without the window bounds."""
     dataset = snapshots.dataset(path, version)
     if dataset is None:
@@ -249,7 +248,7 @@ def window_changes(settings: Settings, row: LedgerRow) -> list[TableChange]:
     keys = {o.table_name: o.keys for o in settings.pipeline(row.pipeline).outputs} if registered else {}
     changes = []
     for table, (before, after) in sorted(parse_gold_versions(row.gold_versions).items()):
-        path = settings.lake / table
+        path = settings.lake.table(table)
         try:
             old, new = _window_rows(path, before, row), _window_rows(path, after, row)
         except Exception as exc:  # a vacuumed version (its files are gone) or a dropped table

@@ -88,8 +88,9 @@ class OutputDef:
     def key(self) -> str:
         return self.keys[0]
 
-    def path(self, settings: Any) -> Path:
-        return Path(settings.lake) / self.table_name
+    def path(self, settings: Any) -> str:
+        """The output's table URI under the lake (``settings.lake``, a :class:`sluice.core.lake.Lake`)."""
+        return str(settings.lake.table(self.table_name))
 
 
 @dataclass(frozen=True)

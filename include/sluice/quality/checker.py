@@ -103,7 +103,7 @@ def _window_rows(rows: Any, window: Window) -> Any:
     return rows[(rows["window_start"] == window[0]) & (rows["window_end"] == window[1])].reset_index(drop=True)
 
 
-def gold_rows(engine: DeltaEngine, path: Path, windows: Sequence[Window]) -> Any:
+def gold_rows(engine: DeltaEngine, path: str, windows: Sequence[Window]) -> Any:
     """The rows of a gold table whose windows start where ``windows`` do (a pandas frame, window bounds in
     UTC; :func:`_window_rows` picks one window's): windows x keys rows, read with pyarrow rather than a Spark
     job (seconds of job set-up for a few hundred rows), unless the table needs a Delta reader."""

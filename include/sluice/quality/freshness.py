@@ -36,7 +36,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -192,7 +191,7 @@ def earliest_event_time(settings: Settings, streams: Sequence[str]) -> datetime 
     return min(found, default=None)
 
 
-def _earliest_record(path: Path) -> datetime | None:
+def _earliest_record(path: str) -> datetime | None:
     """The bronze table's earliest record: its event hours come from the Delta log (partition values), and
     only the files of the earliest hour holding a record are read (two columns). A table whose files alone
     are not its rows (reader protocol above 1) answers with that hour's start."""

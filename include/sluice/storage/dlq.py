@@ -15,7 +15,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -30,7 +29,7 @@ _LOCK = threading.Lock()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
-def dlq_paths(settings: Settings, pipeline: PipelineDef) -> dict[str, Path]:
+def dlq_paths(settings: Settings, pipeline: PipelineDef) -> dict[str, str]:
     return {s: tables.dlq(settings.stream(s)).path(settings) for s in pipeline.streams}
 
 
@@ -108,7 +107,7 @@ class DlqBuckets:
             self._save(live)
         return live
 
-    def _read(self, file: Path) -> dict[int, int]:
+    def _read(self, file: str) -> dict[int, int]:
         times = pq.read_table(file, columns=["event_time"]).column("event_time")
         micros = pc.cast(pc.cast(times, pa.timestamp("us", "UTC")), pa.int64())
         # Integer division floors: event times before 1970 never reach the DLQ (they are bad_timestamp).

@@ -42,6 +42,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from sluice.core.lake import name_of
 from sluice.storage import snapshots
 from sluice.storage.snapshots import arrow_schema, merged_rows
 
@@ -72,17 +73,17 @@ class RowsEngine(Protocol):
     """The part of the contract that driver-side writers need (the ledger, DQ results, the alert outbox,
     heartbeats): both engines have it, so code that only writes rows built on the driver runs without Spark."""
 
-    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+    def ensure_table(self, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         """Create the table (empty, version 0) if it does not exist yet."""
 
-    def committed_version(self, path: Path, app_id: str) -> int | None:
+    def committed_version(self, path: str, app_id: str) -> int | None:
         """The last app-transaction version committed by ``app_id`` (None if never)."""
 
     def append_rows(
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         app_id: str,
         version: int,
@@ -94,7 +95,7 @@ class RowsEngine(Protocol):
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         drop: Callable[[Mapping[str, Any]], bool],
         order_by: Sequence[str],
@@ -115,7 +116,7 @@ class DeltaEngine(RowsEngine, Protocol):
     def append(
         self,
         df: DataFrame,
-        path: Path,
+        path: str,
         *,
         app_id: str,
         version: int,
@@ -126,7 +127,7 @@ class DeltaEngine(RowsEngine, Protocol):
     def replace(
         self,
         df: DataFrame,
-        path: Path,
+        path: str,
         *,
         keep: Callable[[DataFrame], DataFrame],
         files: PartitionPredicate | None = None,
@@ -141,23 +142,23 @@ class DeltaEngine(RowsEngine, Protocol):
         either the old or the new table, never a mix.
         """
 
-    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
+    def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
         """A batch snapshot of the table, pruned to the partitions ``files`` accepts."""
 
     def read_stream(
-        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
+        self, path: str, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
     ) -> DataFrame:
         """A streaming read: offsets are Delta versions; works with ``trigger(availableNow=True)``.
         ``min_event_time`` lets the engine skip files of event hours that end before it (rows are not
         filtered: callers filter rows themselves)."""
 
-    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
+    def history_metadata(self, path: str, limit: int = 1) -> list[dict[str, Any]]:
         """Custom commit metadata of the newest ``limit`` commits, newest first."""
 
-    def compact(self, path: Path) -> int:
+    def compact(self, path: str) -> int:
         """Bin-pack small files (``dataChange=false``: streaming readers see nothing new); files removed."""
 
-    def vacuum(self, path: Path, retention_hours: int) -> int:
+    def vacuum(self, path: str, retention_hours: int) -> int:
         """Delete files no longer referenced and older than the retention; files deleted."""
 
 
@@ -169,15 +170,15 @@ def _stats_for(file: Path) -> str:
     return json.dumps({"numRecords": meta.num_rows})
 
 
-def _unpartitioned(table: DeltaTable, path: Path, what: str) -> None:
+def _unpartitioned(table: DeltaTable, path: str, what: str) -> None:
     if table.metadata().partition_columns:
         raise ValueError(f"{what} writes the small unpartitioned ops tables; {path} is partitioned")
 
 
-def _add_file(path: Path, data: pa.Table) -> AddAction:
+def _add_file(path: str, data: pa.Table) -> AddAction:
     """Write ``data`` as one new Parquet file of the (unpartitioned) table and describe it for the commit."""
     rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    dest = path / rel
+    dest = Path(path) / rel  # the ops tables are local until the lake's state moves to object storage
     pq.write_table(data, dest, compression="snappy")
     return AddAction(path=rel, size=dest.stat().st_size, partition_values={}, modification_time=int(time.time() * 1000),
                      data_change=True, stats=_stats_for(dest))
@@ -192,21 +193,21 @@ class OpsDeltaEngine:
         self.properties = dict(properties or {})
 
     # -- tables -------------------------------------------------------------------------------------
-    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+    def ensure_table(self, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         if DeltaTable.is_deltatable(str(path)):
             self._add_missing_columns(path, schema)
             return
-        path.mkdir(parents=True, exist_ok=True)
+        Path(path).mkdir(parents=True, exist_ok=True)
         DeltaTable.create(
             str(path),
             arrow_schema(schema),
             mode="ignore",
             partition_by=list(partition_by) or None,
-            name=path.name,
+            name=name_of(path),
             configuration=dict(self.properties) or None,
         )
 
-    def _add_missing_columns(self, path: Path, schema: StructType) -> None:
+    def _add_missing_columns(self, path: str, schema: StructType) -> None:
         """Tables created by an older sluice gain the columns added since (nullable, so old rows read as
         null): a metadata-only commit, no data is rewritten."""
         table = self._table(path)
@@ -218,10 +219,10 @@ class OpsDeltaEngine:
             log.info("%s: adding column(s) %s", path, ", ".join(f.name for f in missing))
             table.alter.add_columns([Field.from_arrow(f) for f in missing])
 
-    def _table(self, path: Path) -> DeltaTable:
+    def _table(self, path: str) -> DeltaTable:
         return DeltaTable(str(path))
 
-    def committed_version(self, path: Path, app_id: str) -> int | None:
+    def committed_version(self, path: str, app_id: str) -> int | None:
         return snapshots.app_version(path, app_id)
 
     # -- writes -------------------------------------------------------------------------------------
@@ -252,7 +253,7 @@ class OpsDeltaEngine:
 
     def _write(
         self,
-        path: Path,
+        path: str,
         build: Callable[[DeltaTable], Actions],
         *,
         app_id: str,
@@ -288,16 +289,16 @@ class OpsDeltaEngine:
                     raise
                 conflict, failed = error, failed + 1
                 log.warning("%s: commit of %s version %s lost to a concurrent writer (%d/%d): %s",
-                            path.name, app_id, version, failed, COMMIT_ATTEMPTS, error)
+                            name_of(path), app_id, version, failed, COMMIT_ATTEMPTS, error)
                 commit_backoff(failed)
                 continue
             _maybe_kill(path, app_id)
             return True
 
-    def _already(self, table: DeltaTable, app_id: str, version: int, path: Path) -> bool:
+    def _already(self, table: DeltaTable, app_id: str, version: int, path: str) -> bool:
         done = table.transaction_version(app_id)
         if done is not None and done >= version:
-            log.info("skip %s: %s version %s already committed (last %s)", path.name, app_id, version, done)
+            log.info("skip %s: %s version %s already committed (last %s)", name_of(path), app_id, version, done)
             return True
         return False
 
@@ -305,7 +306,7 @@ class OpsDeltaEngine:
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         app_id: str,
         version: int,
@@ -324,7 +325,7 @@ class OpsDeltaEngine:
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         drop: Callable[[Mapping[str, Any]], bool],
         order_by: Sequence[str],
@@ -350,10 +351,10 @@ class OpsDeltaEngine:
         return self._write(path, build, app_id=app_id, version=version, metadata=metadata, rebase=False)
 
     # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
-    def compact(self, path: Path) -> int:
+    def compact(self, path: str) -> int:
         return int(self._table(path).optimize.compact().get("numFilesRemoved", 0))
 
-    def vacuum(self, path: Path, retention_hours: int) -> int:
+    def vacuum(self, path: str, retention_hours: int) -> int:
         table = self._table(path)
         # full: also the files no commit ever referenced (a crashed write's), not only those of remove actions.
         deleted = table.vacuum(retention_hours=retention_hours, dry_run=False, enforce_retention_duration=False,
@@ -365,7 +366,7 @@ class OpsDeltaEngine:
 _commits_seen: dict[str, int] = {}
 
 
-def _maybe_kill(path: Path, app_id: str = "") -> None:
+def _maybe_kill(path: str, app_id: str = "") -> None:
     """Crash-test hook: ``SLUICE_KILL_AFTER_COMMIT=<table suffix>[@<app id prefix>]:<n>`` SIGKILLs this
     process right after its n-th commit to a table whose path ends with the suffix (by an app id starting
     with the prefix, when given) - the worst moment for a crash, between the commits of one step. Unset (the

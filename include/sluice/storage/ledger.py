@@ -25,7 +25,6 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -213,7 +212,7 @@ def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, d
 
 def replace_windows(
     engine: RowsEngine,
-    path: Path,
+    path: str,
     rows: Sequence[Sequence[Any]],
     schema: StructType,
     keys: Iterable[tuple[str, datetime, datetime]],
@@ -233,7 +232,7 @@ def replace_windows(
     return engine.replace_rows(rows, schema, path, drop=drop, order_by=order_by, app_id=app_id, version=version)
 
 
-def next_version(engine: RowsEngine, path: Path, app_id: str) -> int:
+def next_version(engine: RowsEngine, path: str, app_id: str) -> int:
     """For writers that are not replays of a numbered batch (DQ, backfills): the next app version.
 
     Racy on its own: two processes sharing ``app_id`` can both get N, and the engine then treats the

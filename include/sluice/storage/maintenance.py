@@ -11,7 +11,6 @@ import shutil
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack
-from pathlib import Path
 
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
@@ -19,11 +18,13 @@ from sluice.storage.engine import DeltaEngine
 
 log = logging.getLogger("sluice.maintenance")
 
-def delta_tables(settings: Settings) -> Iterator[Path]:
-    for log_dir in sorted(settings.lake.glob("**/_delta_log")):
+def delta_tables(settings: Settings) -> Iterator[tuple[str, str]]:
+    """(name under the lake, URI) of every Delta table of a local lake."""
+    root = settings.lake.local()
+    for log_dir in sorted(root.glob("**/_delta_log")):
         table = log_dir.parent
         if "_checkpoints" not in table.parts:
-            yield table
+            yield table.relative_to(root).as_posix(), settings.lake.table(table.relative_to(root).as_posix())
 
 
 def _all_locks(settings: Settings) -> ExitStack:
@@ -46,8 +47,8 @@ def compact(settings: Settings) -> dict[str, int]:
     out = {}
     with _all_locks(settings):
         engine = _engine(settings)
-        for path in delta_tables(settings):
-            out[str(path.relative_to(settings.lake))] = engine.compact(path)
+        for name, uri in delta_tables(settings):
+            out[name] = engine.compact(uri)
     log.info("compaction: %s", out)
     return out
 
@@ -58,8 +59,8 @@ def vacuum(settings: Settings) -> dict[str, int]:
     out = {}
     with _all_locks(settings):
         engine = _engine(settings)
-        for path in delta_tables(settings):
-            out[str(path.relative_to(settings.lake))] = engine.vacuum(path, hours)
+        for name, uri in delta_tables(settings):
+            out[name] = engine.vacuum(uri, hours)
     log.info("vacuum (retention %dh): %s", hours, out)
     return out
 
@@ -70,8 +71,8 @@ def clean_checkpoints(settings: Settings, older_than_hours: float = 24.0) -> int
     cutoff = time.time() - older_than_hours * 3600
     removed = 0
     with _all_locks(settings):
-        for path in delta_tables(settings):
-            staging = path / "_staging"
+        for name, _uri in delta_tables(settings):
+            staging = settings.lake.local(name, "_staging")
             for leftover in staging.glob("*") if staging.is_dir() else []:
                 if leftover.stat().st_mtime < cutoff:
                     shutil.rmtree(leftover, ignore_errors=True)

@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from sluice.storage.lake import Credentials, Root
+from sluice.core.lake import Credentials, Root
 
 PAGE_SIZE = 1000  # S3's own maximum per ListObjectsV2 page
 

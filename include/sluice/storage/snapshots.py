@@ -13,7 +13,6 @@ import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -22,6 +21,8 @@ import pyarrow.parquet as pq
 from deltalake import DeltaTable
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
+
+from sluice.core.lake import child
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -33,7 +34,7 @@ class LiveFile:
     """A data file of a table's snapshot."""
 
     relative: str  # in the table's layout, URI-decoded (the log stores region=c%3Ad as region=c%253Ad)
-    path: Path  # the file itself
+    path: str  # the file itself
     partition: Mapping[str, Any]  # typed values (date, int): what partition predicates compare
     records: int | None  # numRecords from the log's statistics, when the writer kept them
     size: int
@@ -43,31 +44,31 @@ def arrow_schema(schema: StructType) -> Any:
     return to_arrow_schema(schema, timezone="UTC")
 
 
-def open_table(path: Path, version: int | None = None) -> DeltaTable | None:
+def open_table(path: str, version: int | None = None) -> DeltaTable | None:
     """The table's snapshot (the latest, or ``version``), or None when there is no table at ``path``."""
     if not DeltaTable.is_deltatable(str(path)):
         return None
     return DeltaTable(str(path), version=version)
 
 
-def exists(path: Path) -> bool:
+def exists(path: str) -> bool:
     return DeltaTable.is_deltatable(str(path))
 
 
-def version(path: Path) -> int:
+def version(path: str) -> int:
     """The table's current version; -1 when it does not exist yet."""
     table = open_table(path)
     return -1 if table is None else table.version()
 
 
-def live_files(path: Path, table: DeltaTable | None = None) -> list[LiveFile]:
+def live_files(path: str, table: DeltaTable | None = None) -> list[LiveFile]:
     """The data files of ``table``'s snapshot (the latest when not given), in the log's order; none when the
     table does not exist."""
     table = table if table is not None else open_table(path)
     if table is None:
         return []
     adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
-    files = [LiveFile(unquote(add["path"]), path / unquote(add["path"]), dict(add.get("partition") or {}),
+    files = [LiveFile(unquote(add["path"]), child(path, unquote(add["path"])), dict(add.get("partition") or {}),
                       None if add.get("num_records") is None else int(add["num_records"]), int(add["size_bytes"]))
              for add in adds]
     return files
@@ -79,13 +80,13 @@ def rows_are_files(table: DeltaTable) -> bool:
     return table.protocol().min_reader_version <= 1
 
 
-def app_version(path: Path, app_id: str) -> int | None:
+def app_version(path: str, app_id: str) -> int | None:
     """The last app-transaction version ``app_id`` committed (Delta's ``txn`` action); None if never."""
     table = open_table(path)
     return None if table is None else table.transaction_version(app_id)
 
 
-def commit_metadata(path: Path, depth: int = 1) -> list[tuple[int, dict[str, Any]]]:
+def commit_metadata(path: str, depth: int = 1) -> list[tuple[int, dict[str, Any]]]:
     """(version, sluice's commit metadata) of the newest ``depth`` commits that carry it, newest first. The
     delta-rs engine writes it under ``sluice``, delta-spark as ``userMetadata``."""
     table = open_table(path)
@@ -97,18 +98,18 @@ def commit_metadata(path: Path, depth: int = 1) -> list[tuple[int, dict[str, Any
     return out
 
 
-def dataset(path: Path, version: int | None = None) -> pads.Dataset | None:
+def dataset(path: str, version: int | None = None) -> pads.Dataset | None:
     """The snapshot as a pyarrow dataset (filters and column selection pushed down), or None when absent."""
     table = open_table(path, version)
     return None if table is None else table.to_pyarrow_dataset()
 
 
-def _data_files(path: Path, table: DeltaTable) -> list[str]:
+def _data_files(path: str, table: DeltaTable) -> list[str]:
     return [str(f.path) for f in live_files(path, table)]
 
 
 def read_small_table(
-    path: Path, columns: Sequence[str] | None = None, *, table: DeltaTable | None = None
+    path: str, columns: Sequence[str] | None = None, *, table: DeltaTable | None = None
 ) -> pa.Table | None:
     """Read a small, unpartitioned sluice ops table (ledger, batch log) on the driver, without Spark.
 
@@ -126,7 +127,7 @@ def read_small_table(
     return data.select(list(columns)) if columns else data
 
 
-def read_selected_rows(path: Path, selection: pc.Expression) -> pa.Table | None:
+def read_selected_rows(path: str, selection: pc.Expression) -> pa.Table | None:
     """The rows of a table that ``selection`` picks, read on the driver without Spark: for a small part of a
     table that may be large, such as the gold rows of the windows a data-quality step checks. pyarrow skips
     the row groups whose Parquet statistics rule the selection out, so only the footers of the other files
@@ -164,7 +165,7 @@ def _file_tables(table_path: str, files: Sequence[str], schema: pa.Schema) -> li
 
 
 def merged_rows(
-    path: Path,
+    path: str,
     rows: Sequence[Sequence[Any]],
     schema: StructType,
     *,

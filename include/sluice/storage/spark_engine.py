@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -44,7 +43,7 @@ class SparkDeltaEngine:
         self._ops = OpsDeltaEngine(properties)
 
     # -- tables -------------------------------------------------------------------------------------
-    def ensure_table(self, path: Path, schema: StructType, partition_by: Sequence[str] = ()) -> None:
+    def ensure_table(self, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> None:
         if is_ops_table(path):
             self._ops.ensure_table(path, schema, partition_by)
             return
@@ -69,10 +68,10 @@ class SparkDeltaEngine:
             builder = builder.property(key, value)
         builder.execute()
 
-    def committed_version(self, path: Path, app_id: str) -> int | None:
+    def committed_version(self, path: str, app_id: str) -> int | None:
         return snapshots.app_version(path, app_id)
 
-    def _done(self, path: Path, app_id: str, version: int) -> bool:
+    def _done(self, path: str, app_id: str, version: int) -> bool:
         done = self.committed_version(path, app_id)
         return done is not None and done >= version
 
@@ -90,7 +89,7 @@ class SparkDeltaEngine:
     def append(
         self,
         df: DataFrame,
-        path: Path,
+        path: str,
         *,
         app_id: str,
         version: int,
@@ -108,7 +107,7 @@ class SparkDeltaEngine:
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         app_id: str,
         version: int,
@@ -124,7 +123,7 @@ class SparkDeltaEngine:
         self,
         rows: Sequence[Sequence[Any]],
         schema: StructType,
-        path: Path,
+        path: str,
         *,
         drop: Callable[[Mapping[str, Any]], bool],
         order_by: Sequence[str],
@@ -141,7 +140,7 @@ class SparkDeltaEngine:
     def replace(
         self,
         df: DataFrame,
-        path: Path,
+        path: str,
         *,
         keep: Callable[[DataFrame], DataFrame],
         files: PartitionPredicate | None = None,
@@ -166,18 +165,18 @@ class SparkDeltaEngine:
         _maybe_kill(path, app_id)
         return True
 
-    def read(self, path: Path, *, files: PartitionPredicate | None = None) -> DataFrame:
+    def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
         df = self.spark.read.format("delta").load(str(path))
         if files is None:
             return df
         chosen = self._partitions(path, files)
         return df if chosen is None else df.where(_any_of(chosen))
 
-    def schema(self, path: Path) -> StructType:
+    def schema(self, path: str) -> StructType:
         return self.spark.read.format("delta").load(str(path)).schema
 
     @staticmethod
-    def _partitions(path: Path, files: PartitionPredicate) -> list[dict[str, Any]] | None:
+    def _partitions(path: str, files: PartitionPredicate) -> list[dict[str, Any]] | None:
         """The partitions whose typed values (date, int: what the predicates compare) ``files`` chooses;
         None for an unpartitioned table (the predicate cannot choose among its files)."""
         table = snapshots.open_table(path)
@@ -187,7 +186,7 @@ class SparkDeltaEngine:
         return [values for _key, values in sorted(distinct.items(), key=lambda kv: repr(kv[0])) if files(values)]
 
     def read_stream(
-        self, path: Path, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
+        self, path: str, *, max_files_per_trigger: int | None = None, min_event_time: datetime | None = None
     ) -> DataFrame:
         # Delta's source admits 1,000 files per micro-batch by default, which can split one bronze commit
         # across two batches; the cycle's watermark arguments hold only when a batch ends on a commit, so
@@ -200,12 +199,12 @@ class SparkDeltaEngine:
             frame = frame.filter(F.col("event_date") >= F.lit(min_event_time.date()))
         return frame
 
-    def history_metadata(self, path: Path, limit: int = 1) -> list[dict[str, Any]]:
+    def history_metadata(self, path: str, limit: int = 1) -> list[dict[str, Any]]:
         return [meta for _version, meta in snapshots.commit_metadata(path, limit)]
 
 
     # -- housekeeping (sluice_maintenance) ----------------------------------------------------------
-    def compact(self, path: Path) -> int:
+    def compact(self, path: str) -> int:
         if is_ops_table(path):
             return self._ops.compact(path)
         from delta.tables import DeltaTable as SparkDeltaTable
@@ -213,7 +212,7 @@ class SparkDeltaEngine:
         (result,) = SparkDeltaTable.forPath(self.spark, str(path)).optimize().executeCompaction().collect()
         return int(result["metrics"]["numFilesRemoved"])
 
-    def vacuum(self, path: Path, retention_hours: int) -> int:
+    def vacuum(self, path: str, retention_hours: int) -> int:
         if is_ops_table(path):
             return self._ops.vacuum(path, retention_hours)
         # delta-spark refuses a retention under the table's deletedFileRetentionDuration unless told; sluice's

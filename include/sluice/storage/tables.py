@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.types import (
@@ -38,8 +38,9 @@ class TableDef:
     schema: StructType
     partition_by: tuple[str, ...] = ()
 
-    def path(self, settings: Settings) -> Path:
-        return settings.lake / self.name
+    def path(self, settings: Settings) -> str:
+        """The table's URI (a local path for a local lake)."""
+        return settings.lake.table(self.name)
 
 
 def _fields(*pairs: tuple[str, object]) -> list[StructField]:
@@ -200,10 +201,10 @@ def partition_hour(values: Mapping[str, Any]) -> datetime | None:
     return datetime.combine(values["event_date"], datetime.min.time(), UTC) + timedelta(hours=int(values["event_hour"]))
 
 
-def is_ops_table(path: Path) -> bool:
+def is_ops_table(path: str | Path) -> bool:
     """One of the small ``ops/*`` tables (ingest batches, ledger, DQ results, alerts), whose rows the driver
     builds and commits with delta-rs whatever the engine of the tables Spark writes."""
-    return path.parent.name == "ops"
+    return PurePosixPath(str(path)).parent.name == "ops"
 
 
 def table_properties(settings: Settings) -> dict[str, str]:
@@ -224,7 +225,7 @@ def table_properties(settings: Settings) -> dict[str, str]:
     }
 
 
-def bronze_hours(path: Path) -> dict[datetime, int]:
+def bronze_hours(path: str) -> dict[datetime, int]:
     """Event hours present in a bronze table and their record counts (heartbeats included), from the
     partition values and file statistics in the Delta log: no data file is read."""
     from sluice.storage.snapshots import live_files

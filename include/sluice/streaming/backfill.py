@@ -305,7 +305,7 @@ class Backfill:
         result.seconds = time.monotonic() - started
         return result
 
-    def _replace(self, path: Path, output: str, rows: DataFrame, keep: Callable[[DataFrame], DataFrame]
+    def _replace(self, path: str, output: str, rows: DataFrame, keep: Callable[[DataFrame], DataFrame]
                  ) -> tuple[int, int]:
         """Replace the scope's windows of one gold table in one atomic commit; its Delta versions (before,
         after). The pipeline lock keeps other writers off gold, so the version before is the one under it."""
@@ -387,7 +387,7 @@ def input_spans(windows: Sequence[Window], margin: timedelta) -> list[tuple[date
     return spans
 
 
-def commit_version(path: Path, app_id: str, version: int, *, depth: int = 100) -> int | None:
+def commit_version(path: str, app_id: str, version: int, *, depth: int = 100) -> int | None:
     """The table version whose commit carries app transaction ``(app_id, version)``, from the commit metadata
     of the newest ``depth`` commits (written by :meth:`Backfill._replace`); None if not among them."""
     for table_version, meta in snapshots.commit_metadata(path, depth):

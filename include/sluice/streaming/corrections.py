@@ -89,7 +89,7 @@ ROWS = "rows"  # the measure that counts a window's gold rows
 
 
 # -- the amendment scan ------------------------------------------------------------------------------------
-def dlq_mark(paths: Mapping[str, Path]) -> int:
+def dlq_mark(paths: Mapping[str, str]) -> int:
     """Sum over the DLQ tables of (Delta version + 1), 0 for one not created yet: grows with every DLQ commit,
     so it orders scans without keeping one version per stream."""
     return sum(snapshots.version(p) + 1 for p in paths.values())

@@ -93,6 +93,17 @@ def parse_root(value: str | os.PathLike[str], key: str, *, base: Path | None = N
                       "file:///path or s3://bucket/prefix")
 
 
+def child(uri: str, *parts: str) -> str:
+    """``parts`` under a table's URI or local path (``s3://b/lake/gold/t`` + ``part-0.parquet``)."""
+    tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
+    return f"{uri.rstrip('/')}/{tail}" if tail else uri
+
+
+def name_of(uri: str) -> str:
+    """The last segment of a URI or local path: a table's name (``gold/t`` -> ``t``)."""
+    return PurePosixPath(uri.rstrip("/")).name
+
+
 @dataclass(frozen=True)
 class Credentials:
     """Endpoint, region and keys for object storage, from the standard AWS variables."""
@@ -178,9 +189,25 @@ class Lake:
     root: Root
     credentials: Credentials = field(default_factory=Credentials)
 
+    @property
+    def uri(self) -> str:
+        return self.root.uri
+
+    @property
+    def is_local(self) -> bool:
+        return self.root.is_local
+
     def table(self, name: str) -> str:
         """The URI (or local path) of the table ``name`` (``bronze/readings``)."""
         return self.root.join(name)
+
+    def local(self, *parts: str) -> Path:
+        """The local path of ``parts`` under a local lake (what is not on object storage yet); a clear error
+        on object storage."""
+        return self.root.local(*parts)
+
+    def __str__(self) -> str:
+        return self.root.uri
 
     def checkpoint(self, *parts: str) -> str:
         return self.root.join("_checkpoints", *parts)
