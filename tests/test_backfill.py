@@ -388,7 +388,8 @@ def test_backfill_waits_for_a_running_cycle_and_commits_after_it(
     closed = sorted(ledger(first, pipeline))
     assert len(closed) >= 2, closed
     # Phase 2: two more hours arrive; the scheduled run (a real `sluice run` process) closes more windows.
-    generate(first.landing.local(), GenerateOptions(seed=6, start=START + 3 * HOUR, hours=2, **events), specs=first.streams)
+    generate(first.landing.local(), GenerateOptions(seed=6, start=START + 3 * HOUR, hours=2, **events),
+             specs=first.streams)
     now = START + 7 * HOUR
     tables = [home / "lake" / t for t in ("gold/user_activity_hourly", "ops/window_ledger", "ops/dq_results")]
     baseline = {t: max(v for v, _ts, _apps in _commits(t)) for t in tables}

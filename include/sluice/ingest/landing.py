@@ -52,6 +52,7 @@ from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.snapshots import read_small_table
+from sluice.storage.state import lake_state
 from sluice.storage.tables import HEARTBEAT_PREFIX
 
 log = logging.getLogger("sluice.ingest")
@@ -454,7 +455,9 @@ class StreamIngest:
         self.bronze = tables.bronze(spec)
         self.quarantine = tables.quarantine(spec)
         self.dlq = tables.dlq(spec)
-        self.checkpoint = settings.checkpoints / "ingest" / spec.name
+        # The ingest query's Spark checkpoint (a URI under the lake), and sluice's own objects beside it.
+        self.checkpoint = settings.lake.checkpoint("ingest", spec.name)
+        self._state = ("ingest", spec.name)
         self.reports: list[BatchRow] = []
         # The readable landing files this cycle found new: what the ingest query's batches are made of.
         self._pending: list[Path] = []
@@ -468,11 +471,8 @@ class StreamIngest:
     def query_id(self) -> str:
         """Identifies the checkpoint lineage, so that Spark batch ids of a new checkpoint (which restart at
         0) are never mistaken for those of an old one."""
-        marker = self.checkpoint / "sluice_query_id"
-        if not marker.exists():
-            self.checkpoint.mkdir(parents=True, exist_ok=True)
-            marker.write_text(uuid.uuid4().hex)
-        return marker.read_text().strip()
+        # Put-if-absent: two processes that race to start a new lineage agree on one id.
+        return lake_state(self.settings).create(uuid.uuid4().hex, *self._state, "sluice_query_id").strip()
 
     # -- the cycle ----------------------------------------------------------------------------------
     def run(self) -> list[BatchRow]:
@@ -499,12 +499,12 @@ class StreamIngest:
         seconds even when it finds nothing, which is the common case of a scheduled cycle. (A file that
         yields no ops row, e.g. an empty one, only costs that start on each cycle.)"""
 
-        def last(folder: Path) -> int:
-            if not folder.is_dir():
-                return -1
-            return max((int(p.name) for p in folder.iterdir() if p.name.isdigit()), default=-1)
+        state = lake_state(self.settings)
 
-        return last(self.checkpoint / "offsets") != last(self.checkpoint / "commits")
+        def last(folder: str) -> int:
+            return max((int(o.name) for o in state.list(*self._state, folder) if o.name.isdigit()), default=-1)
+
+        return last("offsets") != last("commits")
 
     def _new_files(self, landing: Path) -> list[Path]:
         """Landing files that no ops row records yet, in arrival order (mtime, then path). Like Spark's
@@ -581,7 +581,7 @@ class StreamIngest:
         )
         query = (
             stream.writeStream.queryName(f"sluice_ingest_{self.spec.name}")
-            .option("checkpointLocation", str(self.checkpoint))
+            .option("checkpointLocation", self.checkpoint)
             .trigger(availableNow=True)
             .foreachBatch(self.process_batch)
             .start()

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ import pyarrow.parquet as pq
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
 from sluice.storage import snapshots, tables
+from sluice.storage.state import lake_state
 
 Window = tuple[datetime, datetime]
 _LOCK = threading.Lock()
@@ -69,31 +69,28 @@ class DlqBuckets:
     """DLQ records per window without reading the DLQ again: a DLQ data file never changes once written, so
     the count of each file's event times per time bucket (the greatest common divisor of the window's size
     and slide, on the same grid as the windows) is read once and kept in
-    ``lake/_checkpoints/pipelines/<pipeline>/dlq_buckets.json``. A scan reads only the files added since
-    (the increment), drops files no longer in the tables (compaction), and sums buckets per window: exact,
-    and O(new DLQ files) instead of O(history). A lost or stale file only costs a re-read."""
+    ``lake/_checkpoints/pipelines/<pipeline>/dlq_buckets.json`` (a state object, :mod:`sluice.storage.state`).
+    A scan reads only the files added since (the increment), drops files no longer in the tables (compaction),
+    and sums buckets per window: exact, and O(new DLQ files) instead of O(history). A lost or stale file only
+    costs a re-read."""
 
     def __init__(self, settings: Settings, pipeline: PipelineDef) -> None:
         self.paths = dlq_paths(settings, pipeline)
-        self.store = settings.checkpoints / "pipelines" / pipeline.name / "dlq_buckets.json"
+        self.state = lake_state(settings)
+        self.key = ("pipelines", pipeline.name, "dlq_buckets.json")
         window = pipeline.window
         self.grain_us = math.gcd(int(window.size / timedelta(microseconds=1)),
                                  int(window.slide / timedelta(microseconds=1)))
 
     def _load(self) -> dict[str, dict[int, int]]:
-        if not self.store.exists():
-            return {}
-        saved = json.loads(self.store.read_text())
-        if saved.get("grain_us") != self.grain_us:
+        saved = self.state.read_json(*self.key)
+        if saved is None or saved.get("grain_us") != self.grain_us:
             return {}
         return {f: {int(b): int(n) for b, n in buckets.items()} for f, buckets in saved["files"].items()}
 
     def _save(self, files: Mapping[str, Mapping[int, int]]) -> None:
-        self.store.parent.mkdir(parents=True, exist_ok=True)
-        # Unique per writer: the outputs' queries close windows (and count) in threads of one process.
-        tmp = self.store.with_name(f".{self.store.name}.{os.getpid()}.{threading.get_ident()}")
-        tmp.write_text(json.dumps({"grain_us": self.grain_us, "files": files}, sort_keys=True))
-        tmp.replace(self.store)
+        # A whole-object replace (the outputs' queries close windows, and count, in threads of one process).
+        self.state.write(json.dumps({"grain_us": self.grain_us, "files": files}, sort_keys=True), *self.key)
 
     def buckets(self) -> dict[str, dict[int, int]]:
         """Live DLQ file -> {bucket start (µs since the epoch): records}; reads only files not known yet."""

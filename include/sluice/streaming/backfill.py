@@ -42,14 +42,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
 from sluice.config import ConfigError, Settings, parse_time
-from sluice.core.files import write_atomic
 from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
 from sluice.core.spark import get_spark
@@ -69,6 +67,7 @@ from sluice.storage.ledger import (
     split_detail,
     write_ledger,
 )
+from sluice.storage.state import lake_state
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 
 log = logging.getLogger("sluice.backfill")
@@ -434,17 +433,18 @@ class BackfillPlan:
         )
 
 
-def backfill_plan_path(settings: Settings, pipeline: PipelineDef) -> Path:
-    return settings.checkpoints / "pipelines" / pipeline.name / "backfill.json"
+def backfill_plan_path(pipeline: PipelineDef) -> tuple[str, ...]:
+    """The backfill plan among the lake's state objects (:mod:`sluice.storage.state`)."""
+    return ("pipelines", pipeline.name, "backfill.json")
 
 
 def load_backfill_plan(settings: Settings, pipeline: PipelineDef) -> BackfillPlan | None:
-    path = backfill_plan_path(settings, pipeline)
-    return BackfillPlan.from_json(path.read_text()) if path.exists() else None
+    saved = lake_state(settings).read(*backfill_plan_path(pipeline))
+    return BackfillPlan.from_json(saved) if saved is not None else None
 
 
 def save_backfill_plan(settings: Settings, pipeline: PipelineDef, plan: BackfillPlan) -> None:
-    write_atomic(backfill_plan_path(settings, pipeline), plan.to_json())
+    lake_state(settings).write(plan.to_json(), *backfill_plan_path(pipeline))
 
 
 def new_backfill_plan(settings: Settings, engine: DeltaEngine, request: BackfillRequest) -> BackfillPlan:

@@ -46,7 +46,6 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -54,7 +53,6 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import NumericType, StructType
 
 from sluice.config import Settings
-from sluice.core.files import write_atomic
 from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import format_duration
@@ -73,6 +71,7 @@ from sluice.storage.ledger import (
     split_detail,
     write_ledger,
 )
+from sluice.storage.state import lake_state
 from sluice.streaming.backfill import WINDOW_COLUMNS, Backfill, Commits, window_key, window_of, windows_request
 
 log = logging.getLogger("sluice.corrections")
@@ -120,18 +119,19 @@ def scan_amendments(settings: Settings, engine: DeltaEngine, pipeline: PipelineD
     return [r.window for r in amended]
 
 
-def scan_mark_path(settings: Settings, pipeline: PipelineDef) -> Path:
-    return settings.checkpoints / "pipelines" / pipeline.name / "amend_scan.json"
+def scan_mark_path(pipeline: PipelineDef) -> tuple[str, ...]:
+    """The scan's mark among the lake's state objects (:mod:`sluice.storage.state`)."""
+    return ("pipelines", pipeline.name, "amend_scan.json")
 
 
 def scanned_mark(settings: Settings, engine: DeltaEngine, pipeline: PipelineDef) -> int:
     """How far the last scan looked (a :func:`dlq_mark`, -1 if none did): the ledger's app transaction of the
     last scan that amended windows, or the file of one that found nothing, whichever is further."""
     committed = engine.committed_version(WINDOW_LEDGER.path(settings), f"{AMEND_APP}.{pipeline.name}")
-    path = scan_mark_path(settings, pipeline)
-    # A lost or unreadable file only costs one scan more: it counts, it never skips.
+    saved = lake_state(settings).read(*scan_mark_path(pipeline))
+    # A lost or unreadable mark only costs one scan more: it counts, it never skips.
     try:
-        kept = int(json.loads(path.read_text())["dlq_mark"]) if path.exists() else -1
+        kept = int(json.loads(saved)["dlq_mark"]) if saved is not None else -1
     except (ValueError, KeyError, TypeError):
         kept = -1
     return max(-1 if committed is None else committed, kept)
@@ -141,7 +141,7 @@ def save_scan_mark(settings: Settings, pipeline: PipelineDef, mark: int) -> None
     """Remember that a scan up to ``mark`` found nothing to amend. Not a ledger commit: a cycle with no new
     input would otherwise write a ledger version with the same rows (and this is only a shortcut: the count
     is exact either way, so losing the file to a crash costs one more count, never a record)."""
-    write_atomic(scan_mark_path(settings, pipeline), json.dumps({"dlq_mark": mark}))
+    lake_state(settings).write(json.dumps({"dlq_mark": mark}), *scan_mark_path(pipeline))
 
 
 def amend(pipeline: PipelineDef, rows: Sequence[LedgerRow], counts: Mapping[Window, int], now: datetime
@@ -264,17 +264,18 @@ class CorrectionReport:
         return lines
 
 
-def plan_path(settings: Settings, pipeline: PipelineDef) -> Path:
-    return settings.checkpoints / "pipelines" / pipeline.name / "corrections.json"
+def plan_path(pipeline: PipelineDef) -> tuple[str, ...]:
+    """The corrections plan among the lake's state objects (:mod:`sluice.storage.state`)."""
+    return ("pipelines", pipeline.name, "corrections.json")
 
 
 def load_plan(settings: Settings, pipeline: PipelineDef) -> CorrectionPlan | None:
-    path = plan_path(settings, pipeline)
-    return CorrectionPlan.from_json(path.read_text()) if path.exists() else None
+    saved = lake_state(settings).read(*plan_path(pipeline))
+    return CorrectionPlan.from_json(saved) if saved is not None else None
 
 
 def save_plan(settings: Settings, pipeline: PipelineDef, plan: CorrectionPlan) -> None:
-    write_atomic(plan_path(settings, pipeline), plan.to_json())
+    lake_state(settings).write(plan.to_json(), *plan_path(pipeline))
 
 
 def waiting(rows: Sequence[LedgerRow]) -> list[LedgerRow]:

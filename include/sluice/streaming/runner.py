@@ -43,7 +43,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -54,7 +53,6 @@ from pyspark.sql.streaming import StreamingQuery
 from pyspark.sql.types import StructField, StructType
 
 from sluice.config import Settings
-from sluice.core.files import write_atomic
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
 from sluice.core.spark import collected_utc
 from sluice.core.windows import WindowSpec
@@ -63,6 +61,7 @@ from sluice.storage import snapshots, tables
 from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version, read_ledger, write_ledger
+from sluice.storage.state import lake_state
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -230,23 +229,18 @@ class PipelineRunner:
         # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
         self._boundary: datetime | None = None
 
-    def checkpoint(self, output: OutputDef) -> Path:
-        return self.settings.checkpoints / "pipelines" / self.pipeline.name / output.name
+    def checkpoint(self, output: OutputDef) -> str:
+        """The output's streaming checkpoint (a URI under the lake)."""
+        return self.settings.lake.checkpoint("pipelines", self.pipeline.name, output.name)
 
-    @property
-    def catchup_marker(self) -> Path:
-        return self.settings.checkpoints / "pipelines" / self.pipeline.name / "catchup.json"
-
-    @property
-    def closed_marker(self) -> Path:
-        return self.settings.checkpoints / "pipelines" / self.pipeline.name / "closed_through.json"
+    def _state(self, *parts: str) -> tuple[str, ...]:
+        """The name of one of the pipeline's state objects (see :mod:`sluice.storage.state`)."""
+        return ("pipelines", self.pipeline.name, *parts)
 
     def closed_through(self) -> datetime | None:
         """The boundary up to which the batch close (or catch-up) has written every final window."""
-        marker = self.closed_marker
-        if not marker.exists():
-            return None
-        return datetime.fromisoformat(json.loads(marker.read_text())["boundary"])
+        marker = lake_state(self.settings).read_json(*self._state("closed_through.json"))
+        return None if marker is None else datetime.fromisoformat(marker["boundary"])
 
     def ensure_tables(self) -> None:
         for output in self.pipeline.outputs:
@@ -294,7 +288,7 @@ class PipelineRunner:
         # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
         self._turnstile = _Turnstile(len(self.pipeline.outputs))
         self._boundary = closing_boundary(self.settings, self.pipeline)
-        running: list[tuple[int, StreamingQuery, Path, dict[str, int]]] = []
+        running: list[tuple[int, StreamingQuery, tuple[str, ...], dict[str, int]]] = []
         try:
             for index, output in enumerate(self.pipeline.outputs):
                 started = self._start_output(index, output, catchup, after)
@@ -307,7 +301,7 @@ class PipelineRunner:
                     query.awaitTermination()
                 finally:
                     self._turnstile.finish(index)
-                marker.write_text(json.dumps(versions, sort_keys=True))
+                lake_state(self.settings).write(json.dumps(versions, sort_keys=True), *marker)
         finally:
             for _index, query, _marker, _versions in running:
                 if query.isActive:
@@ -331,8 +325,8 @@ class PipelineRunner:
 
     def may_close(self) -> bool:
         """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
-        marker = self.catchup_marker
-        if marker.exists() and not CatchUp.from_json(marker.read_text()).done:
+        marker = lake_state(self.settings).read(*self._state("catchup.json"))
+        if marker is not None and not CatchUp.from_json(marker).done:
             return True
         return self.can_close(self.closed_through())
 
@@ -395,7 +389,8 @@ class PipelineRunner:
                 known.update(missing)
 
     def _mark_closed_through(self, boundary: datetime) -> None:
-        write_atomic(self.closed_marker, json.dumps({"boundary": boundary.isoformat()}))
+        marker = json.dumps({"boundary": boundary.isoformat()})
+        lake_state(self.settings).write(marker, *self._state("closed_through.json"))
 
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
@@ -454,25 +449,25 @@ class PipelineRunner:
 
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def _started(self, output: OutputDef) -> bool:
-        commits = self.checkpoint(output) / "commits"
-        return commits.is_dir() and any(commits.iterdir())
+        commits = lake_state(self.settings).list(*self._state(output.name, "commits"))
+        return any(True for _ in commits)
 
     def catch_up(self) -> CatchUp | None:
         """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
-        marker = self.catchup_marker
-        if marker.exists():
-            catchup = CatchUp.from_json(marker.read_text())
+        state, marker = lake_state(self.settings), self._state("catchup.json")
+        saved = state.read(*marker)
+        if saved is not None:
+            catchup = CatchUp.from_json(saved)
         else:
             planned = self._plan_catch_up()
             if planned is None:
                 return None
             catchup = planned
-            marker.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(marker, catchup.to_json())
+            state.write(catchup.to_json(), *marker)
         if not catchup.done:
             self._run_catch_up(catchup)
             catchup = CatchUp(catchup.boundary, catchup.watermark, catchup.version, done=True)
-            write_atomic(marker, catchup.to_json())
+            state.write(catchup.to_json(), *marker)
         return catchup
 
     def _plan_catch_up(self) -> CatchUp | None:
@@ -544,14 +539,14 @@ class PipelineRunner:
 
     def _start_output(
         self, index: int, output: OutputDef, catchup: CatchUp | None, after: datetime | None
-    ) -> tuple[StreamingQuery, Path, dict[str, int]] | None:
+    ) -> tuple[StreamingQuery, tuple[str, ...], dict[str, int]] | None:
         checkpoint = self.checkpoint(output)
         self.result.closed.setdefault(output.name, [])
         # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
         # window can close. Skipping saves starting a streaming query (seconds) on idle cycles.
-        marker = checkpoint / "sluice_input_versions.json"
+        marker = self._state(output.name, "sluice_input_versions.json")
         versions = self.input_versions()
-        if marker.exists() and json.loads(marker.read_text()) == versions:
+        if lake_state(self.settings).read_json(*marker) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
             return None
         since = catchup.stream_from(self.pipeline) if catchup else None
@@ -559,7 +554,7 @@ class PipelineRunner:
         query = (
             windowed.writeStream.queryName(f"sluice_{self.pipeline.name}_{output.name}")
             .outputMode("append")
-            .option("checkpointLocation", str(checkpoint))
+            .option("checkpointLocation", checkpoint)
             .trigger(availableNow=True)
             .foreachBatch(lambda df, batch_id: self._sink(index, output, checkpoint, df, batch_id, after))
             .start()
@@ -567,7 +562,7 @@ class PipelineRunner:
         return query, marker, versions
 
     def _sink(
-        self, index: int, output: OutputDef, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+        self, index: int, output: OutputDef, checkpoint: str, df: DataFrame, batch_id: int, after: datetime | None
     ) -> None:
         try:
             self._sink_batch(index, output, checkpoint, df, batch_id, after)
@@ -575,7 +570,7 @@ class PipelineRunner:
             self._turnstile.passed(index, batch_id)
 
     def _sink_batch(
-        self, index: int, output: OutputDef, checkpoint: Path, df: DataFrame, batch_id: int, after: datetime | None
+        self, index: int, output: OutputDef, checkpoint: str, df: DataFrame, batch_id: int, after: datetime | None
     ) -> None:
         rows = gold_rows(output, df, self.pipeline.window)
         if after is not None:
