@@ -34,7 +34,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
-from sluice.core.locks import LockTimeout
+from sluice.core.errors import LockTimeout
 
 log = logging.getLogger("sluice.locks")
 

@@ -1,14 +1,19 @@
 """Mutual exclusion, per pipeline and per stream.
 
-* ``pipeline_lock``: a scheduled cycle and a backfill of the same pipeline never write at once
-  (``$SLUICE_HOME/locks/<pipeline>.lock``).
-* ``stream_lock``: a stream read by several pipelines is never ingested by two processes at once
-  (``$SLUICE_HOME/locks/streams/<stream>.lock``), whichever pipelines' cycles (or ``sluice ingest``) run.
+* ``pipeline_lock``: a scheduled cycle and a backfill of the same pipeline never write at once.
+* ``stream_lock``: a stream read by several pipelines is never ingested by two processes at once, whichever
+  pipelines' cycles (or ``sluice ingest``) run.
 
-Exclusive ``flock`` locks taken by the shared code path that both the CLI and the Airflow tasks run, so they
-hold whichever launched the work. The kernel releases them when the holder dies (even on SIGKILL), so a
-crashed run never leaves a stale lock behind. Order: a pipeline lock, then one stream lock at a time, so
-two holders can never wait for each other.
+Taken by the shared code path that both the CLI and the Airflow tasks run, so they hold whichever launched the
+work. Order: a pipeline lock, then one stream lock at a time, so two holders can never wait for each other.
+Where they live depends on the lake (the one :func:`lock` provider):
+
+* a local lake: exclusive ``flock`` locks on ``$SLUICE_HOME/locks/<pipeline>.lock`` and
+  ``$SLUICE_HOME/locks/streams/<stream>.lock``. The kernel releases them when the holder dies (even on
+  SIGKILL), so a crashed run never leaves a stale lock behind;
+* a lake on object storage: leases in the lake's bucket, under ``<lake>/_locks/`` (:mod:`sluice.core.leases`),
+  which hold between processes that share nothing but the bucket (two Airflow workers on two hosts). A holder
+  killed with SIGKILL blocks the others for at most the lease's time to live.
 """
 
 from __future__ import annotations
@@ -22,24 +27,46 @@ from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 from sluice.config import Settings
+from sluice.core.errors import LockTimeout
+from sluice.core.leases import LeaseStore
 
 log = logging.getLogger("sluice.locks")
 
 
-class LockTimeout(RuntimeError):
-    pass
+__all__ = ["LockTimeout", "pipeline_lock", "stream_lock"]
 
 
 def pipeline_lock(
     settings: Settings, pipeline: str, *, timeout: float = 3600.0, purpose: str = ""
 ) -> AbstractContextManager[None]:
-    return _flock(settings.home / "locks" / f"{pipeline}.lock", pipeline, "pipeline", timeout, purpose)
+    return lock(settings, "pipeline", pipeline, timeout=timeout, purpose=purpose)
 
 
 def stream_lock(
     settings: Settings, stream: str, *, timeout: float = 3600.0, purpose: str = ""
 ) -> AbstractContextManager[None]:
-    return _flock(settings.home / "locks" / "streams" / f"{stream}.lock", stream, "stream", timeout, purpose)
+    return lock(settings, "stream", stream, timeout=timeout, purpose=purpose)
+
+
+# Where each kind of lock lives: under the home's locks/ folder, or under the lake's _locks/ prefix.
+_FOLDERS = {"pipeline": "", "stream": "streams"}
+
+
+def lock(settings: Settings, kind: str, name: str, *, timeout: float, purpose: str) -> AbstractContextManager[None]:
+    """The lock provider: ``flock`` for a local lake, a lease in the bucket for a lake on object storage."""
+    folder = _FOLDERS[kind]
+    if settings.lake.is_local:
+        path = settings.home / "locks" / folder / f"{name}.lock"
+        return _flock(path, name, kind, timeout, purpose)
+    return _lease(settings, "/".join(p for p in (folder, name) if p), timeout, purpose)
+
+
+@contextmanager
+def _lease(settings: Settings, name: str, timeout: float, purpose: str) -> Iterator[None]:
+    root = settings.lake.root
+    store = LeaseStore(settings.lake.credentials.boto3_client(), root.bucket, root.key("_locks"))
+    with store.hold(name, timeout=timeout, purpose=purpose):
+        yield
 
 
 @contextmanager
