@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from pyspark.sql import SparkSession
 
-pytestmark = pytest.mark.spark
+from sluice.config import load_settings
+from sluice.core.spark import spark_conf
 
 
+@pytest.mark.spark
 def test_the_code_spark_generates_for_a_cycles_worth_of_plans_is_compiled_once(spark: SparkSession) -> None:
     """A cycle runs a few hundred distinct plans. Spark's default cache of generated classes (100) turned over
     within one cycle, and the same plans were compiled again (Janino, then the JIT) on every run."""
@@ -19,3 +23,14 @@ def test_the_code_spark_generates_for_a_cycles_worth_of_plans_is_compiled_once(s
     for expression in plans:
         assert spark.range(3).selectExpr(expression).collect()[2]["x"] == 3 * int(expression.split()[2])
     assert metrics.METRIC_COMPILATION_TIME().getCount() == compiled
+
+
+def test_a_root_on_object_storage_brings_s3a_jars_and_settings_and_a_local_home_does_not(tmp_path: Path) -> None:
+    local = spark_conf(load_settings({}, home=tmp_path))
+    assert "hadoop-aws" not in local["spark.jars"] and not any(k.startswith("spark.hadoop.fs.s3") for k in local)
+    env = {"SLUICE_LANDING": "s3://bucket/landing", "AWS_ENDPOINT_URL": "http://127.0.0.1:9000",
+           "AWS_ACCESS_KEY_ID": "key", "AWS_SECRET_ACCESS_KEY": "secret"}
+    remote = spark_conf(load_settings(env, home=tmp_path))  # the landing alone on S3 is enough
+    assert "hadoop-aws-3.5.0.jar" in remote["spark.jars"] and "delta-spark" in remote["spark.jars"]
+    assert remote["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
+    assert remote["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"

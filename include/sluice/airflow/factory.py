@@ -205,12 +205,15 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         self.clock_from_data_interval = clock_from_data_interval
 
     def execute(self, context: Any) -> None:
+        from sluice.config import load_settings
         from sluice.core.spark import delta_jars, log_conf  # imports PySpark: at run time, never at parse time
 
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
-        # Delta's connector on the driver's classpath from the start (spark.jars set by the job's session
-        # would reach the executors only), and shipped to the executors of a cluster that shares no disk.
-        self.jars = ",".join(j for j in (self.jars, delta_jars()) if j)
+        # Delta's connector (and S3A's, for roots on object storage) on the driver's classpath from the start
+        # (spark.jars set by the job's session would reach the executors only), and shipped to the executors
+        # of a cluster that shares no disk. The job's settings are those of its environment.
+        settings = load_settings({**os.environ, **self.env_vars})
+        self.jars = ",".join(j for j in (self.jars, delta_jars(settings)) if j)
         if self.clock_from_data_interval:
             self.env_vars = with_clock(self.env_vars, context.get("data_interval_end"))
         # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties), unless the task says.

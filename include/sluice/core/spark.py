@@ -137,18 +137,25 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # cache of 100 by default. One cycle generates 200-300 (ingest's micro-batches, the aggregate, Delta's
         # commits), so the cache turned over within a cycle and the same code was compiled again and again.
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
-        **delta_conf(),
+        **delta_conf(settings),
+        # A root on object storage (SPEC 1): s3:// URIs through Hadoop's S3A, with the standard AWS settings.
+        **(settings.lake.credentials.spark_conf() if on_object_storage(settings) else {}),
     }
 
 
-def delta_conf() -> dict[str, str]:
+def on_object_storage(settings: Settings) -> bool:
+    """Whether the lake or the landing zone is on object storage (then Spark needs the s3a file system)."""
+    return not (settings.lake.is_local and settings.landing.is_local)
+
+
+def delta_conf(settings: Settings | None = None) -> dict[str, str]:
     """Delta Lake's connector (delta-spark) in every session: its pinned jars from the machine's cache
     (``make setup`` fetched them; :class:`sluice.core.jars.MissingJarsError` names that command when they
     are missing), and its SQL extension and catalog, so that ``format("delta")``, ``DeltaTable.forPath``
     and ``delta.`<uri>``` SQL all work in sluice's sessions as in any Spark shop's. The spark-submit tasks
     of the DAGs pass the same jars with ``--jars`` (:func:`delta_jars`)."""
     return {
-        "spark.jars": delta_jars(),
+        "spark.jars": delta_jars(settings),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Delta replays a table's log with this many tasks (default 50): sluice's tables have short logs
@@ -157,10 +164,12 @@ def delta_conf() -> dict[str, str]:
     }
 
 
-def delta_jars() -> str:
+def delta_jars(settings: Settings | None = None) -> str:
+    """Delta's jars, and the s3a file system's when ``settings`` put a root on object storage."""
     from sluice.core.jars import jar_paths
 
-    return ",".join(str(p) for p in jar_paths(("delta",)))
+    sets = ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
+    return ",".join(str(p) for p in jar_paths(sets))
 
 
 # The state store providers behind Settings.state_store. sluice's state is small and bounded by the watermark
