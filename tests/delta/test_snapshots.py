@@ -38,7 +38,7 @@ def test_files_partitions_records_history_and_time_travel(tmp_path: Path) -> Non
     assert snapshots.version(path) == 1
     files = snapshots.live_files(path)
     assert sorted((dict(f.partition)["event_hour"], f.records) for f in files) == [(10, 2), (11, 1)]
-    assert all(f.path.is_file() and f.path == path / f.relative and f.size > 0 for f in files)
+    assert all(Path(f.path).is_file() and f.path == str(path / f.relative) and f.size > 0 for f in files)
     assert {type(dict(f.partition)["event_date"]) for f in files} == {date}  # typed, as predicates compare
     table = snapshots.open_table(path)
     assert table is not None and snapshots.rows_are_files(table)

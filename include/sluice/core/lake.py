@@ -93,15 +93,16 @@ def parse_root(value: str | os.PathLike[str], key: str, *, base: Path | None = N
                       "file:///path or s3://bucket/prefix")
 
 
-def child(uri: str, *parts: str) -> str:
+def child(uri: str | os.PathLike[str], *parts: str) -> str:
     """``parts`` under a table's URI or local path (``s3://b/lake/gold/t`` + ``part-0.parquet``)."""
+    text = os.fspath(uri)
     tail = "/".join(p.strip("/") for p in parts if p.strip("/"))
-    return f"{uri.rstrip('/')}/{tail}" if tail else uri
+    return f"{text.rstrip('/')}/{tail}" if tail else text
 
 
-def name_of(uri: str) -> str:
+def name_of(uri: str | os.PathLike[str]) -> str:
     """The last segment of a URI or local path: a table's name (``gold/t`` -> ``t``)."""
-    return PurePosixPath(uri.rstrip("/")).name
+    return PurePosixPath(os.fspath(uri).rstrip("/")).name
 
 
 @dataclass(frozen=True)
