@@ -34,7 +34,7 @@ import yaml
 
 from sluice.core.api import CORRECTION_POLICIES
 from sluice.core.errors import ConfigError
-from sluice.core.lake import Credentials, Lake, Root, parse_root
+from sluice.core.lake import Credentials, Lake, Root, mount, parse_root
 from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import Registry, default_pipelines_path, load_registry
 from sluice.core.timeutil import parse_duration, parse_timestamp
@@ -570,10 +570,14 @@ def load_settings(
                else conf.get("landing") or parse_root(home_path / "landing", "SLUICE_HOME"))
     lake = (parse_root(env["SLUICE_LAKE"], "SLUICE_LAKE") if env.get("SLUICE_LAKE")
             else conf.get("lake") or parse_root(home_path / "lake", "SLUICE_HOME"))
+    credentials = Credentials.from_env(env)
+    # Code that holds only a URI under either root (a table's, a landing file's) finds these credentials.
+    mount(lake, credentials)
+    mount(landing, credentials)
     return Settings(
         home=home_path,
         landing=landing,
-        lake=Lake(lake, Credentials.from_env(env)),
+        lake=Lake(lake, credentials),
         now_override=now_value,
         pipelines_path=pipelines_path,
         _registry=registry,

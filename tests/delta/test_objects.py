@@ -143,3 +143,31 @@ def test_credentials_reach_every_client_and_no_text_shows_the_secret(s3: S3Serve
     store = store_for(parse_root(f"s3://{bucket}/p", "SLUICE_LAKE"), credentials)
     store.put("k", b"v")
     assert store.get("k") == b"v"
+
+
+def test_folders_are_listed_by_name_without_their_contents(store: ObjectStore) -> None:
+    """How sluice_maintenance finds the lake's tables on either back end."""
+    for key in ("gold/t1/_delta_log/0.json", "gold/t2/part-0.parquet", "ops/a/_delta_log/0.json", "top.json"):
+        store.put(key, b"x")
+    assert sorted(store.folders("")) == ["gold", "ops"]
+    assert sorted(store.folders("gold")) == ["t1", "t2"]
+    assert list(store.folders("gold/t1")) == ["_delta_log"] and list(store.folders("nothing")) == []
+
+
+def test_a_uri_finds_the_credentials_of_the_root_it_lies_under(tmp_path: Path) -> None:
+    """Code that holds only a table's URI (the snapshot readers, the ops tables' writer) reaches it with the
+    credentials of the mounted root it lies under, the deepest one first; a local path needs none."""
+    from sluice.core.lake import credentials_for, mount, storage_options
+
+    bucket_wide = Credentials(endpoint_url="http://127.0.0.1:1", access_key_id="a", secret_access_key="s")
+    deeper = Credentials(endpoint_url="http://127.0.0.1:2", access_key_id="b", secret_access_key="t")
+    mount(parse_root("s3://mounts-test", "SLUICE_LANDING"), bucket_wide)
+    mount(parse_root("s3://mounts-test/lake", "SLUICE_LAKE"), deeper)
+    assert credentials_for("s3://mounts-test/lake/gold/t") == deeper
+    assert credentials_for("s3a://mounts-test/lake/gold/t") == deeper  # Hadoop's name for the same objects
+    assert credentials_for("s3://mounts-test/lakehouse/t") == bucket_wide  # a sibling prefix is not under it
+    assert credentials_for("s3://mounts-test/landing/x.jsonl") == bucket_wide
+    assert storage_options("s3://mounts-test/lake/gold/t") == deeper.delta_options()
+    assert credentials_for(str(tmp_path / "lake" / "gold" / "t")) is None and storage_options(tmp_path) is None
+    # Under no mounted root: the standard AWS variables, as any AWS client would read them.
+    assert credentials_for("s3://not-mounted-anywhere/t") == Credentials.from_env()

@@ -153,6 +153,9 @@ class Credentials:
         conf = {
             # s3:// is what the user wrote and what delta-rs reads; S3A serves it in Spark.
             "spark.hadoop.fs.s3.impl": "org.apache.hadoop.fs.s3a.S3AFileSystem",
+            # And through FileContext, which Structured Streaming manages its checkpoints with: without it,
+            # Spark falls back to the FileSystem API with a warning per state store folder.
+            "spark.hadoop.fs.AbstractFileSystem.s3.impl": "org.apache.hadoop.fs.s3a.S3A",
             prefix + "path.style.access": "true" if self.endpoint_url else "false",
         }
         if self.endpoint_url:
@@ -181,6 +184,37 @@ class Credentials:
             aws_secret_access_key=self.secret_access_key, aws_session_token=self.session_token,
             config=Config(s3={"addressing_style": "path" if self.endpoint_url else "auto"},
                           retries={"max_attempts": 5, "mode": "standard"}))
+
+
+# The object-storage roots this process reaches, with the credentials that reach them (load_settings mounts the
+# lake and the landing zone). Code that holds only a table's URI (the snapshot readers, the ops tables' writer)
+# looks its credentials up here, as Hadoop looks up per-bucket settings: a URI under no mounted root falls back
+# to the standard AWS variables.
+_MOUNTED: dict[str, Credentials] = {}
+
+
+def mount(root: Root, credentials: Credentials) -> None:
+    """Reach the objects under ``root`` with ``credentials`` from now on (nothing to do for a local root)."""
+    if not root.is_local:
+        _MOUNTED[root.uri.rstrip("/") + "/"] = credentials
+
+
+def credentials_for(uri: str | os.PathLike[str]) -> Credentials | None:
+    """The credentials of an object-storage URI (those of the longest mounted root it lies under, else the
+    standard AWS variables); None for a local path, which needs none."""
+    text = os.fspath(uri)
+    scheme = urlparse(text).scheme.lower()
+    if SCHEME_ALIASES.get(scheme, scheme) not in OBJECT_SCHEMES:
+        return None
+    text = "s3" + text[len(scheme):]
+    under = [root for root in _MOUNTED if (text.rstrip("/") + "/").startswith(root)]
+    return _MOUNTED[max(under, key=len)] if under else Credentials.from_env()
+
+
+def storage_options(uri: str | os.PathLike[str]) -> dict[str, str] | None:
+    """delta-rs's storage options for a table's URI: None for a local path."""
+    credentials = credentials_for(uri)
+    return None if credentials is None else credentials.delta_options()
 
 
 @dataclass(frozen=True)

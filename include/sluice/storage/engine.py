@@ -42,7 +42,7 @@ from deltalake.transaction import AddAction, RemoveAction
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from sluice.core.lake import name_of
+from sluice.core.lake import child, name_of, storage_options
 from sluice.storage import snapshots
 from sluice.storage.snapshots import arrow_schema, merged_rows
 
@@ -162,14 +162,6 @@ class DeltaEngine(RowsEngine, Protocol):
         """Delete files no longer referenced and older than the retention; files deleted."""
 
 
-def _stats_for(file: Path) -> str:
-    # numRecords lets Delta readers (and our own status) count rows without opening files. No per-column
-    # bounds: delta-rs turns a column without them into a pyarrow guarantee that drops every row of the
-    # file from filtered reads (deltalake 1.6), so bounds are all or nothing, and strings are not worth it.
-    meta = pq.read_metadata(file)
-    return json.dumps({"numRecords": meta.num_rows})
-
-
 def _unpartitioned(table: DeltaTable, path: str, what: str) -> None:
     if table.metadata().partition_columns:
         raise ValueError(f"{what} writes the small unpartitioned ops tables; {path} is partitioned")
@@ -178,10 +170,16 @@ def _unpartitioned(table: DeltaTable, path: str, what: str) -> None:
 def _add_file(path: str, data: pa.Table) -> AddAction:
     """Write ``data`` as one new Parquet file of the (unpartitioned) table and describe it for the commit."""
     rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-    dest = Path(path) / rel  # the ops tables are local until the lake's state moves to object storage
-    pq.write_table(data, dest, compression="snappy")
-    return AddAction(path=rel, size=dest.stat().st_size, partition_values={}, modification_time=int(time.time() * 1000),
-                     data_change=True, stats=_stats_for(dest))
+    fs, where = snapshots.filesystem(child(path, rel))
+    if fs is None:
+        Path(where).parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(data, where, compression="snappy", filesystem=fs)
+    size = (fs.get_file_info(where).size if fs is not None else Path(where).stat().st_size)
+    # numRecords lets Delta readers (and our own status) count rows without opening files. No per-column
+    # bounds: delta-rs turns a column without them into a pyarrow guarantee that drops every row of the
+    # file from filtered reads (deltalake 1.6), so bounds are all or nothing, and strings are not worth it.
+    return AddAction(path=rel, size=int(size), partition_values={}, modification_time=int(time.time() * 1000),
+                     data_change=True, stats=json.dumps({"numRecords": data.num_rows}))
 
 
 class OpsDeltaEngine:
@@ -194,10 +192,11 @@ class OpsDeltaEngine:
 
     # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> None:
-        if DeltaTable.is_deltatable(str(path)):
+        if snapshots.exists(path):
             self._add_missing_columns(path, schema)
             return
-        Path(path).mkdir(parents=True, exist_ok=True)
+        if storage_options(path) is None:
+            Path(path).mkdir(parents=True, exist_ok=True)
         DeltaTable.create(
             str(path),
             arrow_schema(schema),
@@ -205,6 +204,7 @@ class OpsDeltaEngine:
             partition_by=list(partition_by) or None,
             name=name_of(path),
             configuration=dict(self.properties) or None,
+            storage_options=storage_options(path),
         )
 
     def _add_missing_columns(self, path: str, schema: StructType) -> None:
@@ -220,7 +220,7 @@ class OpsDeltaEngine:
             table.alter.add_columns([Field.from_arrow(f) for f in missing])
 
     def _table(self, path: str) -> DeltaTable:
-        return DeltaTable(str(path))
+        return DeltaTable(str(path), storage_options=storage_options(path))
 
     def committed_version(self, path: str, app_id: str) -> int | None:
         return snapshots.app_version(path, app_id)

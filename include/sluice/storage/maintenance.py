@@ -15,16 +15,27 @@ from contextlib import ExitStack
 from sluice.config import Settings
 from sluice.core.locks import pipeline_lock
 from sluice.storage.engine import DeltaEngine
+from sluice.storage.state import lake_state
 
 log = logging.getLogger("sluice.maintenance")
 
 def delta_tables(settings: Settings) -> Iterator[tuple[str, str]]:
-    """(name under the lake, URI) of every Delta table of a local lake."""
-    root = settings.lake.local()
-    for log_dir in sorted(root.glob("**/_delta_log")):
-        table = log_dir.parent
-        if "_checkpoints" not in table.parts:
-            yield table.relative_to(root).as_posix(), settings.lake.table(table.relative_to(root).as_posix())
+    """(name under the lake, URI) of every Delta table in the lake, local or on object storage: a folder with a
+    ``_delta_log`` (a table's own folders, its partitions, are not searched). sluice's own folders
+    (``_checkpoints``, ``_locks``: names starting with ``_``) hold no tables."""
+    store = lake_state(settings).store
+
+    def walk(folder: str) -> Iterator[str]:
+        subfolders = list(store.folders(folder))
+        if "_delta_log" in subfolders:
+            yield folder
+            return
+        for sub in subfolders:
+            if not sub.startswith(("_", ".")):
+                yield from walk(f"{folder}/{sub}" if folder else sub)
+
+    for name in walk(""):
+        yield name, settings.lake.table(name)
 
 
 def _all_locks(settings: Settings) -> ExitStack:
@@ -68,6 +79,8 @@ def vacuum(settings: Settings) -> dict[str, int]:
 def clean_checkpoints(settings: Settings, older_than_hours: float = 24.0) -> int:
     """Remove the staging directories that crashed writes of sluice 0.2's delta-rs engine left in the tables
     (never referenced by any Delta log; delta-spark's own leftovers are files that vacuum deletes)."""
+    if not settings.lake.is_local:
+        return 0  # sluice 0.2 wrote only local lakes
     cutoff = time.time() - older_than_hours * 3600
     removed = 0
     with _all_locks(settings):

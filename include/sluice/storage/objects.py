@@ -10,6 +10,7 @@ One protocol, :class:`ObjectStore`, over a local folder (:class:`LocalStore`) an
   of several writers exactly one wins.
 * ``list`` yields the objects directly in a folder, with their ``LastModified`` (S3) or mtime (local), page by
   page: a folder with 100,000 objects never sits in memory as one response.
+* ``folders`` yields the names of a folder's subfolders (S3's common prefixes), to find the lake's tables.
 """
 
 from __future__ import annotations
@@ -48,6 +49,8 @@ class ObjectStore(Protocol):
     def delete(self, key: str) -> None: ...
 
     def list(self, folder: str) -> Iterator[ObjectInfo]: ...
+
+    def folders(self, folder: str) -> Iterator[str]: ...
 
 
 class LocalStore:
@@ -106,6 +109,14 @@ class LocalStore:
                 yield ObjectInfo(entry.name, key, stat.st_size, datetime.fromtimestamp(stat.st_mtime, tz=UTC),
                                  os.path.join(base, entry.name))
 
+    def folders(self, folder: str) -> Iterator[str]:
+        try:
+            entries = os.scandir(self._path(folder))
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        with entries:
+            yield from sorted(entry.name for entry in entries if entry.is_dir())
+
 
 class S3Store:
     def __init__(self, root: Root, client: Any, *, page_size: int = PAGE_SIZE) -> None:
@@ -137,20 +148,31 @@ class S3Store:
         self.client.delete_object(Bucket=self.root.bucket, Key=self.root.key(key))
 
     def list(self, folder: str) -> Iterator[ObjectInfo]:
+        # Delimiter: the folder's own objects only, as a local listing of one folder has them.
         prefix = self.root.key(folder).rstrip("/") + "/" if self.root.key(folder) else ""
-        token: str | None = None
-        while True:
-            # Delimiter: the folder's own objects only, as a local listing of one folder has them.
-            kwargs: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "Delimiter": "/",
-                                      "MaxKeys": self.page_size}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self.client.list_objects_v2(**kwargs)
+        for page in self._pages(folder):
             for item in page.get("Contents", []):
                 name = item["Key"][len(prefix):]
                 relative = item["Key"][len(self.root.path) + 1:] if self.root.path else item["Key"]
                 yield ObjectInfo(name, relative, int(item["Size"]), item["LastModified"].astimezone(UTC),
                                  f"s3://{self.root.bucket}/{item['Key']}")
+
+    def folders(self, folder: str) -> Iterator[str]:
+        for page in self._pages(folder):
+            for common in page.get("CommonPrefixes", []):
+                yield common["Prefix"].rstrip("/").rsplit("/", 1)[-1]
+
+    def _pages(self, folder: str) -> Iterator[dict[str, Any]]:
+        """The ListObjectsV2 pages of the folder's own objects and subfolders (``Delimiter``), in key order."""
+        prefix = self.root.key(folder).rstrip("/") + "/" if self.root.key(folder) else ""
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "Delimiter": "/",
+                                      "MaxKeys": self.page_size}
+            if token:
+                kwargs["ContinuationToken"] = token
+            page: dict[str, Any] = self.client.list_objects_v2(**kwargs)
+            yield page
             if not page.get("IsTruncated"):
                 return
             token = page["NextContinuationToken"]

@@ -9,6 +9,7 @@ through here, and nowhere else.
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -22,7 +23,7 @@ from deltalake import DeltaTable
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StructType
 
-from sluice.core.lake import child
+from sluice.core.lake import Credentials, child, credentials_for, storage_options
 
 if TYPE_CHECKING:
     import pyarrow.compute as pc
@@ -46,13 +47,35 @@ def arrow_schema(schema: StructType) -> Any:
 
 def open_table(path: str, version: int | None = None) -> DeltaTable | None:
     """The table's snapshot (the latest, or ``version``), or None when there is no table at ``path``."""
-    if not DeltaTable.is_deltatable(str(path)):
+    if not exists(path):
         return None
-    return DeltaTable(str(path), version=version)
+    return DeltaTable(str(path), version=version, storage_options=storage_options(path))
 
 
 def exists(path: str) -> bool:
-    return DeltaTable.is_deltatable(str(path))
+    return DeltaTable.is_deltatable(str(path), storage_options=storage_options(path))
+
+
+def filesystem(uri: str) -> tuple[Any, str]:
+    """The pyarrow file system that reaches ``uri`` and the path to give it: the local one and the path itself,
+    or S3 (native, not Python-backed: safe in Spark's callback threads) and ``bucket/key``."""
+    credentials = credentials_for(uri)
+    if credentials is None:
+        return None, uri
+    return _s3_filesystem(credentials), uri.split("://", 1)[1]
+
+
+@functools.cache
+def _s3_filesystem(credentials: Credentials) -> Any:
+    from pyarrow.fs import S3FileSystem
+
+    endpoint = credentials.endpoint_url
+    return S3FileSystem(
+        access_key=credentials.access_key_id, secret_key=credentials.secret_access_key,
+        session_token=credentials.session_token, region=credentials.region or "us-east-1",
+        endpoint_override=endpoint.split("://", 1)[1] if endpoint else None,
+        scheme="http" if credentials.plain_http else "https", force_virtual_addressing=False,
+    )
 
 
 def version(path: str) -> int:
@@ -142,7 +165,9 @@ def read_selected_rows(path: str, selection: pc.Expression) -> pa.Table | None:
         return schema.empty_table()
     import pyarrow.dataset as pads  # only here: it is not needed by most commands
 
-    return pads.dataset(files, schema=schema, format="parquet").to_table(filter=selection)
+    fs, _ = filesystem(str(path))
+    paths = [filesystem(f)[1] for f in files]
+    return pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table(filter=selection)
 
 
 # Ops tables are read many times per cycle and grow by one small file per commit, so a cycle that re-read
@@ -156,12 +181,17 @@ def _file_tables(table_path: str, files: Sequence[str], schema: pa.Schema) -> li
     with _FILES_LOCK:
         cached = _FILES.get(table_path, {})
     missing = [f for f in files if (f, schema) not in cached]
-    read = {(f, schema): pq.read_table(f, schema=schema) for f in missing}
+    read = {(f, schema): _read_file(f, schema) for f in missing}
     with _FILES_LOCK:
         live = {(f, schema) for f in files}
         current = {k: v for k, v in {**_FILES.get(table_path, {}), **read}.items() if k in live}
         _FILES[table_path] = current
     return [current[(f, schema)] for f in files]
+
+
+def _read_file(uri: str, schema: pa.Schema) -> pa.Table:
+    fs, where = filesystem(uri)
+    return pq.read_table(where, schema=schema, filesystem=fs)
 
 
 def merged_rows(
