@@ -19,7 +19,7 @@ from pyspark.sql import SparkSession
 
 from sluice.cli.status import render_status
 from sluice.config import Settings
-from sluice.ingest.landing import load_state, local_path, run_ingest
+from sluice.ingest.landing import load_state, run_ingest, source_key
 from sluice.storage.engines import engine_for
 from sluice.storage.ledger import read_ledger
 from support import lake, two_streams
@@ -92,14 +92,14 @@ def test_an_unreadable_gzip_is_quarantined_whole_and_the_stream_goes_on(
 
     # The good file is ingested; nothing Spark could read from the truncated file's start is a record.
     assert bronze_ids(done, stream) == ["good"]
-    quarantine = {Path(local_path(r["source_file"])).name: r for r in table(done, f"quarantine/{stream}")}
+    quarantine = {Path(source_key(r["source_file"])).name: r for r in table(done, f"quarantine/{stream}")}
     assert sorted(quarantine) == ["corrupt.jsonl.gz", "truncated.jsonl.gz"]
     assert {r["reason"] for r in quarantine.values()} == {"unreadable_file"}
     assert quarantine["corrupt.jsonl.gz"]["raw"] is None
     assert "Not a gzipped file" in quarantine["corrupt.jsonl.gz"]["detail"]
     assert "ended before the end-of-stream marker" in quarantine["truncated.jsonl.gz"]["detail"]
     # One ops row per unreadable file (it counts as one line), and the accounting balances.
-    batches = {Path(local_path(r.source_file or "")).name: r for r in load_state(done, stream).rows}
+    batches = {Path(source_key(r.source_file or "")).name: r for r in load_state(done, stream).rows}
     assert (batches["corrupt.jsonl.gz"].lines, batches["corrupt.jsonl.gz"].quarantined) == (1, 1)
     assert balanced(done, stream) == {"lines": 3, "accepted": 1, "quarantined": 2, "late": 0, "duplicates": 0}
     assert "truncated.jsonl.gz" in render_status(done) and "unreadable landing files" in render_status(done)
@@ -122,7 +122,7 @@ def test_file_names_with_colons_percent_hash_spaces_and_unicode_are_read(
     done = ingest(spark, settings, 3, stream)
     assert bronze_ids(done, stream) == [f"n{i}" for i in range(len(names))]
     folder = settings.landing_dir(stream)
-    recorded = sorted(local_path(r.source_file or "") for r in load_state(done, stream).rows if not r.is_heartbeat)
+    recorded = sorted(source_key(r.source_file or "") for r in load_state(done, stream).rows if not r.is_heartbeat)
     assert recorded == sorted(str(folder / name) for name in names)
 
     # Each name is recognised as ingested: a later cycle reads only the new file, nothing twice.
@@ -284,7 +284,7 @@ def test_a_crash_between_an_unreadable_files_two_commits_is_completed_on_the_rer
     rerun = ingest_cli()
     assert rerun.returncode == 0, rerun.stderr[-2000:]
     quarantine = DeltaTable(str(home / "lake/quarantine/impressions")).to_pyarrow_table().to_pylist()
-    assert [(Path(local_path(r["source_file"])).name, r["reason"]) for r in quarantine] == [
+    assert [(Path(source_key(r["source_file"])).name, r["reason"]) for r in quarantine] == [
         ("broken.jsonl.gz", "unreadable_file")]
     assert "Not a gzipped file" in quarantine[0]["detail"]
     bronze = DeltaTable(str(home / "lake/bronze/impressions")).to_pyarrow_table().to_pylist()
@@ -469,7 +469,7 @@ def test_glob_characters_in_file_names_read_every_file_once(spark: SparkSession,
     done = ingest_two(spark, settings, 3, stream)
 
     assert two_ids(done, stream) == sorted(f"n{i}-{k}" for i in range(len(names) - 1) for k in (1, 2))
-    per_file = {Path(local_path(r.source_file or "")).name: (r.lines, r.accepted, r.duplicates)
+    per_file = {Path(source_key(r.source_file or "")).name: (r.lines, r.accepted, r.duplicates)
                 for r in load_state(done, stream).rows if not r.is_heartbeat}
     assert per_file == {name: (2, 2, 0) for name in names[:-1]}
     assert balanced(done, stream) == {"lines": 14, "accepted": 14, "quarantined": 0, "late": 0, "duplicates": 0}

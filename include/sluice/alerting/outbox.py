@@ -245,10 +245,10 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
     Derived from the ingest log, not from what the current cycle saw, so that a crash between a file's
     quarantine and its alert cannot lose the alert: the next cycle raises it. Its key includes a digest of
     the files, so a rerun raises the same alert, not a second one."""
-    from sluice.ingest.landing import load_state, local_path
+    from sluice.ingest.landing import load_state, source_key
 
     unreadable = [
-        (stream, local_path(batch.source_file or ""))
+        (stream, source_key(batch.source_file or ""))
         for stream in settings.pipeline(pipeline).streams
         for batch in load_state(settings, stream).rows
         if batch.unreadable

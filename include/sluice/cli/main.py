@@ -136,7 +136,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from sluice_tools.generate import generate, options_from_args
 
     settings = _settings(args)
-    landing = settings.landing.local()
+    landing = _local_landing(settings, "generate")
     check_folder(landing, "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
     options = options_from_args(args)
     manifest = generate(landing, options, specs=settings.streams)
@@ -265,8 +265,18 @@ def cmd_demo(args: argparse.Namespace) -> int:
     from sluice_tools.demo import run_demo
 
     settings = _settings(args, writes=True)
-    check_folder(settings.landing.local(), "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
+    check_folder(_local_landing(settings, "demo"), "landing", writable=True, hint="SLUICE_LANDING (or SLUICE_HOME)")
     return run_demo(settings)
+
+
+def _local_landing(settings: Settings, command: str) -> Path:
+    """The landing folder of a command that writes landing files on this machine."""
+    if not settings.landing.is_local:
+        raise ConfigError(
+            f"sluice {command} writes landing files to a local folder, and SLUICE_LANDING is {settings.landing.uri}: "
+            f"run it with SLUICE_LANDING set to a local folder, then upload that folder's stream folders to "
+            f"{settings.landing.uri}/ (for example with `aws s3 cp --recursive`)")
+    return settings.landing.local()
 
 
 def cmd_pipelines(args: argparse.Namespace) -> Output:

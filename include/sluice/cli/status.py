@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from sluice.cli.output import rfc3339, stream_totals, window
 from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import ConfigError, Settings
-from sluice.ingest.landing import all_late, all_late_message, load_state, local_path
+from sluice.ingest.landing import all_late, all_late_message, load_state, source_key
 from sluice.storage import snapshots, tables
 from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger, split_detail
 
@@ -73,7 +73,7 @@ def waiting_streams(settings: Settings) -> dict[str, list[str]]:
 def unreadable_files(settings: Settings, streams: list[str]) -> list[tuple[str, str]]:
     """(stream, local path) of every landing file that could not be read, in batch order."""
     return [
-        (name, local_path(r.source_file))
+        (name, source_key(r.source_file))
         for name in streams
         for r in load_state(settings, name).rows
         if r.unreadable and r.source_file
@@ -100,7 +100,7 @@ def render_status(settings: Settings) -> str:
     waiting = waiting_streams(settings)
     if waiting:
         out += ["", "windows held open by streams that have received no file yet:"]
-        out += [f"  {pipeline}: {', '.join(names)} (land files in {settings.landing_dir(names[0]).parent}/<stream>/)"
+        out += [f"  {pipeline}: {', '.join(names)} (land files in {settings.landing.uri}/<stream>/)"
                 for pipeline, names in waiting.items()]
     replayed = [(name, r) for name in streams for r in load_state(settings, name).rows if all_late(r)]
     if replayed:

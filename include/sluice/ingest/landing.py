@@ -25,6 +25,8 @@ table that already has the commit skips it.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import gzip
 import json
 import logging
@@ -33,7 +35,7 @@ import uuid
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, unquote, urlparse
@@ -45,12 +47,14 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import TimestampType
 
 from sluice.config import Settings
+from sluice.core.lake import Credentials, Root, credentials_for
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.progress import nothing, progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
+from sluice.storage.objects import ObjectInfo, ObjectStore, store_for
 from sluice.storage.snapshots import read_small_table
 from sluice.storage.state import lake_state
 from sluice.storage.tables import HEARTBEAT_PREFIX
@@ -168,32 +172,58 @@ def _max(a: datetime | None, b: datetime | None) -> datetime | None:
     return max(a, b)
 
 
-def local_path(uri: str) -> str:
-    """The local path of a file URI as Spark reports it (``file:/a/b%20c.jsonl`` -> ``/a/b c.jsonl``)."""
-    return unquote(urlparse(uri).path)
+def source_key(uri: str) -> str:
+    """A landing file's identity however it is spelled: the local path of a local file (``file:/a/b%20c.jsonl``
+    and ``/a/b c.jsonl`` -> ``/a/b c.jsonl``), ``s3://bucket/key`` with the key decoded for an object."""
+    if "://" not in uri and not uri.startswith("file:"):
+        return os.path.normpath(uri)  # a plain path: nothing is encoded in it ('#', '%' are name characters)
+    parsed = urlparse(uri)
+    if parsed.scheme in ("s3", "s3a"):
+        return f"s3://{parsed.netloc}{unquote(parsed.path)}"
+    return unquote(parsed.path)
 
 
-def file_uri(path: str) -> str:
-    """A local path as Spark's ``_metadata.file_path`` spells it: Hadoop keeps ':' and non-ASCII as they
-    are and percent-encodes the rest of what a URI cannot hold (space, '%', '#')."""
+def spark_path(location: str) -> str:
+    """A landing file's local path or object URI as Spark's ``_metadata.file_path`` spells it: Hadoop keeps ':'
+    and non-ASCII as they are and percent-encodes the rest of what a URI cannot hold (space, '%', '#')."""
     safe = "/:@!$&'()*+,;=-._~"
-    return "file:" + "".join(c if ord(c) > 127 else quote(c, safe=safe) for c in path)
+
+    def encode(text: str) -> str:
+        return "".join(c if ord(c) > 127 else quote(c, safe=safe) for c in text)
+
+    if location.startswith(("s3://", "s3a://")):
+        bucket, _, key = location.split("://", 1)[1].partition("/")
+        return f"s3://{bucket}/{encode(key)}"
+    return "file:" + encode(os.path.abspath(location))
 
 
-def probe_file(path: str) -> str | None:
-    """Why a landing file cannot be read, or None when it can. A gzip file is decompressed to its end,
-    because a truncated or corrupt member only shows there. Runs on executors (see ``_unreadable``)."""
+def probe_file(location: str, credentials: Credentials | None = None) -> str | None:
+    """Why a landing file (a local path or an ``s3://`` URI) cannot be read, or None when it can. A gzip file
+    is decompressed to its end, because a truncated or corrupt member only shows there. Runs on executors
+    (see ``_probe``), which reach an object with ``credentials``."""
     try:
-        if path.endswith(".gz"):
-            with gzip.open(path, "rb") as fh:
-                while fh.read(1 << 20):
-                    pass
-        else:
-            with open(path, "rb") as fh:
-                fh.read(1)
+        with _open_landing(location, credentials) as raw:
+            if location.endswith(".gz"):
+                with gzip.GzipFile(fileobj=raw) as fh:
+                    while fh.read(1 << 20):
+                        pass
+            else:
+                raw.read(1)
     except (OSError, EOFError, zlib.error) as exc:
         return f"{type(exc).__name__}: {exc}"
+    except Exception as exc:  # an object store's refusal (botocore's ClientError: no such key, access denied)
+        if type(exc).__module__.startswith("botocore"):
+            return f"{type(exc).__name__}: {exc}"
+        raise
     return None
+
+
+def _open_landing(location: str, credentials: Credentials | None) -> Any:
+    if not location.startswith(("s3://", "s3a://")):
+        return open(location, "rb")
+    bucket, _, key = location.split("://", 1)[1].partition("/")
+    client = (credentials or Credentials.from_env()).boto3_client()
+    return contextlib.closing(client.get_object(Bucket=bucket, Key=key)["Body"])
 
 
 # --------------------------------------------------------------------------------------------------
@@ -460,7 +490,7 @@ class StreamIngest:
         self._state = ("ingest", spec.name)
         self.reports: list[BatchRow] = []
         # The readable landing files this cycle found new: what the ingest query's batches are made of.
-        self._pending: list[Path] = []
+        self._pending: list[ObjectInfo] = []
         self._advance: Callable[[int], None] = nothing
 
     # -- setup --------------------------------------------------------------------------------------
@@ -478,15 +508,16 @@ class StreamIngest:
     def run(self) -> list[BatchRow]:
         self.ensure_tables()
         self.reconcile_single_row_batches()
-        landing = self.settings.landing_dir(self.spec.name)
+        landing = self.settings.landing.join(self.spec.name)
         # One listing serves the unreadable-file probe, the "anything to do?" test and the progress total.
-        readable = self.quarantine_unreadable(self._new_files(landing)) if landing.is_dir() else []
+        listed = self._listing()
+        readable = self.quarantine_unreadable(self._new_files(listed)) if listed is not None else []
         self._pending = readable
-        if landing.is_dir() and (readable or self._uncommitted_batch()):
+        if listed is not None and (readable or self._uncommitted_batch()):
             with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
                 self._run_query(landing)
             self._advance = nothing
-        elif landing.is_dir():
+        elif listed is not None:
             log.info("%s: no new landing files", self.spec.name)
         else:
             log.info("%s: landing directory %s does not exist yet; stream is idle", self.spec.name, landing)
@@ -506,53 +537,63 @@ class StreamIngest:
 
         return last("offsets") != last("commits")
 
-    def _new_files(self, landing: Path) -> list[Path]:
-        """Landing files that no ops row records yet, in arrival order (mtime, then path). Like Spark's
-        file source, names starting with '.' or '_' (in-flight files) are not landing files."""
-        seen = {local_path(r.source_file) for r in load_state(self.settings, self.spec.name).rows if r.source_file}
+    def _listing(self) -> list[ObjectInfo] | None:
+        """The objects directly in the stream's landing folder (paged on object storage), or None when the
+        folder does not exist: on object storage, when no object has its prefix yet."""
+        listed = list(landing_store(self.settings).list(self.spec.name))
+        if not listed and self.settings.landing.is_local and not self.settings.landing.local(self.spec.name).is_dir():
+            return None
+        return listed if listed or self.settings.landing.is_local else None
+
+    def _new_files(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
+        """Landing files that no ops row records yet, in arrival order (mtime or LastModified, then path). Like
+        Spark's file source, names starting with '.' or '_' (in-flight files) are not landing files."""
+        seen = {source_key(r.source_file) for r in load_state(self.settings, self.spec.name).rows if r.source_file}
         found = [
-            f for f in landing.iterdir()
-            if f.is_file() and f.name.endswith(LANDING_SUFFIXES) and not f.name.startswith((".", "_"))
-            and os.path.abspath(f) not in seen
+            f for f in listed
+            if f.name.endswith(LANDING_SUFFIXES) and not f.name.startswith((".", "_")) and source_key(f.uri) not in seen
         ]
-        return sorted(found, key=lambda f: (f.stat().st_mtime, str(f)))
+        return sorted(found, key=lambda f: (f.modified, f.uri))
 
     # -- unreadable files ---------------------------------------------------------------------------
-    def quarantine_unreadable(self, new: list[Path]) -> list[Path]:
+    def quarantine_unreadable(self, new: list[ObjectInfo]) -> list[ObjectInfo]:
         """SPEC 2: a file that cannot be read at all (a corrupt or truncated .gz, no read permission) gets
         one quarantine row, reason ``unreadable_file`` with the error in ``detail``, and its own ops row,
         so that it never blocks the stream. The streaming query then skips it (``ignoreCorruptFiles``) and
         drops any lines Spark could read from it before the corruption. Returns the readable ones."""
-        errors = self._probe([str(f) for f in new])
+        errors = self._probe([f.uri for f in new])
         state = load_state(self.settings, self.spec.name)
         batch_id = state.last_batch_id
         for f in new:
-            if errors.get(str(f)) is None:
+            if errors.get(f.uri) is None:
                 continue
             batch_id += 1
-            arrival = datetime.fromtimestamp(f.stat().st_mtime, tz=UTC)
+            arrival = f.modified
             # The file counts as one line, its one quarantine row, so lines = accepted + quarantined + late +
             # duplicates still holds for every batch.
             row = BatchRow(
                 stream=self.spec.name, batch_id=batch_id, lines=1, quarantined=1, watermark_before=state.watermark,
-                watermark_after=state.watermark, max_arrival_time=arrival, source_file=file_uri(os.path.abspath(f)),
+                watermark_after=state.watermark, max_arrival_time=arrival, source_file=spark_path(f.uri),
             )
-            log.warning("%s: %s cannot be read and is quarantined whole (%s)", self.spec.name, f.name, errors[str(f)])
+            log.warning("%s: %s cannot be read and is quarantined whole (%s)", self.spec.name, f.name, errors[f.uri])
             self.engine.append_rows(
                 self._ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
                 app_id=app_id(self.spec.name), version=batch_id, metadata=self._single_meta(row),
             )
-            self._write_unreadable(row, errors[str(f)])
+            self._write_unreadable(row, errors[f.uri])
             self._report(row)
-        return [f for f in new if errors.get(str(f)) is None]
+        return [f for f in new if errors.get(f.uri) is None]
 
     def _probe(self, paths: list[str]) -> dict[str, str | None]:
         """probe_file for each path. Decompressing a .gz to its end is real work, so it runs on the
         executors, never pulling file contents through the driver; other files only need an open()."""
         gz = [p for p in paths if p.endswith(".gz")]
-        out = {p: probe_file(p) for p in paths if not p.endswith(".gz")}
+        # An object is read with the landing zone's credentials, on the driver and the executors alike.
+        credentials = credentials_for(self.settings.landing.uri)
+        out = {p: probe_file(p, credentials) for p in paths if not p.endswith(".gz")}
         if gz:
-            probed = self.spark.sparkContext.parallelize(gz, len(gz)).map(lambda p: (p, probe_file(p))).collect()
+            probed = (self.spark.sparkContext.parallelize(gz, len(gz))
+                      .map(lambda p: (p, probe_file(p, credentials))).collect())
             out.update(dict(probed))
         return out
 
@@ -565,14 +606,14 @@ class StreamIngest:
             version=row.batch_id, metadata=self._single_meta(row),
         )
 
-    def _run_query(self, landing: Path) -> None:
+    def _run_query(self, landing: str) -> None:
         self._query_id = self.query_id()
         stream = (
             self.spark.readStream.format("text")
             .option("pathGlobFilter", LANDING_GLOB)
             .options(**LANDING_READ_OPTIONS)
             .option("maxFilesPerTrigger", str(self.settings.max_files_per_trigger))
-            .load(str(landing))
+            .load(landing)
             .select(
                 F.col("value").alias("raw"),
                 F.col("_metadata.file_path").alias("source_file"),
@@ -619,9 +660,9 @@ class StreamIngest:
             try:
                 # One Spark job lists the batch's files and counts what happened to their lines.
                 per_file = self._per_file(parsed, prior.watermark)
-                # The file path as Spark spelled it may differ from ours (file_uri): judge by local path.
-                unread = {local_path(u) for u in unreadable}
-                skipped = {path for path in per_file if local_path(path) in unread or self._nested(path)}
+                # The file path as Spark spelled it may differ from ours (spark_path): judge by identity.
+                unread = {source_key(u) for u in unreadable}
+                skipped = {path for path in per_file if source_key(path) in unread or self._nested(path)}
                 if skipped:
                     self._process(df, spark_batch_id, state, unreadable | skipped)
                 elif per_file:
@@ -634,11 +675,11 @@ class StreamIngest:
     def _nested(self, path: str) -> bool:
         """Whether a file Spark read lies in a subfolder of the landing folder (the recursive lookup lists
         those too): landing files are the folder's own files, as the listing of new files has them."""
-        folder = os.path.normpath(self.settings.landing_dir(self.spec.name))
-        nested = os.path.dirname(os.path.normpath(local_path(path))) != folder
+        folder = source_key(self.settings.landing.join(self.spec.name))
+        nested = source_key(path).rsplit("/", 1)[0] != folder.rstrip("/")
         if nested:
             log.warning("%s: ignoring %s: landing files must sit directly in %s", self.spec.name,
-                        local_path(path), folder)
+                        source_key(path), folder)
         return nested
 
     @staticmethod
@@ -664,18 +705,12 @@ class StreamIngest:
 
     def _small_batch(self) -> bool:
         """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
-        of the landing files this cycle found on disk (metadata, no Spark job): a batch holds at most
+        of the landing files this cycle listed (metadata, no Spark job): a batch holds at most
         ``max_files_per_trigger`` of them. Either way the result is the same."""
         if not self._pending:
             # Only a batch planned before a crash is left, of files this cycle no longer lists: size unknown.
             return False
-        sizes = []
-        for path in self._pending:
-            try:
-                size = path.stat().st_size
-            except OSError:
-                continue
-            sizes.append(size * GZIP_RATIO if path.name.endswith(".gz") else size)
+        sizes = [f.size * GZIP_RATIO if f.name.endswith(".gz") else f.size for f in self._pending]
         largest = sorted(sizes, reverse=True)[: self.settings.max_files_per_trigger]
         return sum(largest) <= BROADCAST_BATCH_BYTES
 
@@ -912,7 +947,8 @@ class StreamIngest:
             elif row.unreadable and (quarantine_done is None or row.batch_id > quarantine_done):
                 log.warning("%s: completing the quarantine of unreadable file batch %s after an interrupted "
                             "cycle", self.spec.name, row.batch_id)
-                self._write_unreadable(row, probe_file(local_path(row.source_file or "")))
+                self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
+                                                       credentials_for(self.settings.landing.uri)))
 
     def _single_meta(self, row: BatchRow) -> dict[str, Any]:
         return {
@@ -969,8 +1005,18 @@ def all_late(row: BatchRow) -> bool:
 
 def all_late_message(row: BatchRow) -> str:
     mark = row.watermark_before.strftime("%Y-%m-%dT%H:%M:%SZ") if row.watermark_before else "-"
-    return (f"file {Path(local_path(row.source_file or '')).name}: {row.late} of {row.lines} lines late "
+    return (f"file {Path(source_key(row.source_file or '')).name}: {row.late} of {row.lines} lines late "
             f"(watermark {mark}); is the producer replaying history?")
+
+
+@functools.cache
+def _landing_store(root: Root, credentials: Credentials) -> ObjectStore:
+    return store_for(root, credentials)
+
+
+def landing_store(settings: Settings) -> ObjectStore:
+    """The landing zone's objects: its folder, or its bucket and prefix (SPEC 1)."""
+    return _landing_store(settings.landing, settings.lake.credentials)
 
 
 def run_ingest(

@@ -74,7 +74,7 @@ class CycleResult:
         waiting = streams_without_files(self.settings, self.settings.pipeline(self.pipeline))
         if waiting:
             parts.append(f"warning: no window of {self.pipeline} can close until {', '.join(waiting)} "
-                         f"receive(s) a first file (in {self.settings.landing_dir(waiting[0])}/)")
+                         f"receive(s) a first file (in {self.settings.landing.join(waiting[0])}/)")
         if self.aggregate is not None:
             windows = self.aggregate.windows
             closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")

@@ -1,0 +1,236 @@
+"""The lake on object storage, end to end (SPEC 1, issue 27): the same files and the same commands give the
+same tables with ``SLUICE_LAKE=s3://...`` on a real S3 server (s3proxy, tests/support/s3.py) as on a local
+lake. The commands are the CLI's, in one process per lake (one JVM each), the two lakes side by side:
+
+* the shipped pipelines (``ad_clicks_hourly``, ``user_activity_hourly``) on generated streams with late,
+  early, duplicate and malformed records, over two cycles; late records land for closed windows and the
+  automatic correction rewrites them; then a backfill with ``--include-late``;
+* the README tutorial's pipeline, whose completeness check fails three windows: data quality alerts through a
+  webhook on 127.0.0.1, a late reading is corrected, and a backfill re-checks them;
+* ``sluice status`` reads it all back from the bucket.
+
+Every table of both lakes is compared row for row (the Spark checkpoint's lineage ids aside), and both lakes
+alert the same windows."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deltalake import DeltaTable
+
+from sluice.config import Settings, load_settings
+from sluice.core.lake import storage_options
+from sluice.storage.maintenance import delta_tables
+from sluice_tools.generate import GenerateOptions, generate
+from support.s3 import S3Server
+from support.servers import serve_webhook
+from support.tutorial import write_tutorial
+
+pytestmark = [pytest.mark.spark, pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[1]
+START = datetime(2024, 5, 1, tzinfo=UTC)
+OPTIONS = GenerateOptions(seed=5, start=START, hours=2, impressions_per_hour=200, events_per_hour=150,
+                          late_share=0.03, early_share=0.02, duplicate_share=0.05, malformed_share=0.03)
+# The README tutorial's readings (tests/test_accounting.py): r2 has no temperature, so the completeness check
+# fails the three 15-minute windows that hold 10:02; the late reading lands for them after they closed.
+READINGS = [("r1.jsonl", 6, [("r1", "d1", 0, 20.0), ("r2", "d2", 2, None), ("r3", "d1", 4, 22.0)]),
+            ("r2.jsonl", 16, [("r5", "d1", 10, 24.0), ("r6", "d2", 12, 31.0), ("r7", "d1", 14, 26.0)]),
+            ("late.jsonl", 62, [("r8", "d1", 3, 21.0)])]
+FAILING = 3
+
+
+def _at(hours: float) -> str:
+    return (START + timedelta(hours=hours)).isoformat()
+
+
+# (reveal the files that arrived up to this hour after START, now, the command)
+STEPS: list[tuple[float, str, list[str]]] = [
+    (1.25, _at(1.25), ["run", "ad_clicks_hourly"]),
+    (1.25, _at(1.25), ["run", "user_activity_hourly"]),
+    (11.0, "2024-05-01T11:00:00+00:00", ["run", "device_temps"]),
+    (24.0, _at(3.5), ["run", "ad_clicks_hourly"]),  # the rest, late records for closed hours among them
+    (24.0, _at(3.5), ["run", "user_activity_hourly"]),
+    (24.0, "2024-05-01T11:05:00+00:00", ["run", "device_temps"]),  # the late reading: a correction
+    (24.0, _at(3.5), ["backfill", "ad_clicks_hourly", "--start", _at(0), "--end", _at(2), "--include-late"]),
+    (24.0, "2024-05-01T11:10:00+00:00",
+     ["backfill", "device_temps", "--start", "2024-05-01T09:50:00Z", "--end", "2024-05-01T10:05:00Z"]),
+    (24.0, _at(3.5), ["status"]),
+]
+
+# Runs STEPS in one process (one JVM), as a user would run the commands one after the other; prints the exit
+# codes as JSON. A step first moves the staged files that have arrived by then into the landing zone.
+RUNNER = """
+import json, os, shutil, sys
+from pathlib import Path
+from sluice.cli.main import main
+staging, landing = Path(sys.argv[1]), Path(sys.argv[2])
+codes = []
+for reveal, now, argv in json.loads(sys.argv[3]):
+    for file in sorted(staging.glob("*/*")):
+        if file.stat().st_mtime <= reveal:
+            (landing / file.parent.name).mkdir(parents=True, exist_ok=True)
+            shutil.move(file, landing / file.parent.name / file.name)  # keeps the arrival time (mtime)
+    os.environ["SLUICE_NOW"] = now
+    codes.append(main(argv))
+print("exit codes: " + json.dumps(codes))
+"""
+
+
+def _stage(folder: Path, pipelines: Path) -> None:
+    generate(folder, OPTIONS, specs=load_settings({"SLUICE_PIPELINES": str(pipelines)}, home=folder).streams)
+    readings = folder / "readings"
+    readings.mkdir()
+    for name, minute, rows in READINGS:
+        path = readings / name
+        path.write_text("".join(json.dumps({"reading_id": r, "device_id": d, "temp_c": t,
+                                            "event_time": f"2024-05-01T10:{m:02d}:00Z"}) + "\n"
+                                for r, d, m, t in rows))
+        arrival = (datetime(2024, 5, 1, 10, tzinfo=UTC) + timedelta(minutes=minute)).timestamp()
+        os.utime(path, (arrival, arrival))
+
+
+def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
+    """Every table's rows, sorted; the home's path (in source_file) made neutral, and left out: the ids of the
+    Spark checkpoints' lineage (fresh uuids per checkpoint) and when an alert was delivered (the wall clock)."""
+    out = {}
+    for name, uri in delta_tables(settings):
+        data = DeltaTable(uri, storage_options=storage_options(uri)).to_pyarrow_table()
+        data = data.drop_columns([c for c in ("spark_batch_id", "query_id", "delivered_at")
+                                  if c in data.column_names])
+        out[name] = sorted(tuple(str(v).replace(str(settings.home), "<home>") for v in row.values())
+                           for row in data.to_pylist())
+    return out
+
+
+def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_path: Path) -> None:
+    pipelines = write_tutorial(tmp_path / "pipelines")
+    for shipped in sorted((REPO / "pipelines").glob("[!_]*.py")):
+        shutil.copy(shipped, pipelines / shipped.name)
+    _stage(tmp_path / "staged", pipelines)
+    bucket = s3.bucket("lake")
+    # Both homes' paths have the same length, so nothing in the tables depends on which is which.
+    homes = {"s3": tmp_path / "home_s3", "local": tmp_path / "home_lo"}
+    runs: dict[str, subprocess.Popen[str]] = {}
+    with serve_webhook() as hook_s3, serve_webhook() as hook_local:
+        hooks = {"s3": hook_s3, "local": hook_local}
+        for kind, home in homes.items():
+            shutil.copytree(tmp_path / "staged", home / "staged")  # copy2: arrival times kept
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AWS_"))}
+            env.update({
+                "SLUICE_HOME": str(home), "SLUICE_PIPELINES": str(pipelines), "PYSPARK_PYTHON": sys.executable,
+                "SLUICE_DATA_DOCS_URL": "https://airflow.example.com/sluice/docs",
+                "SLUICE_AD_CLICKS_HOURLY_CORRECTIONS": "auto", "SLUICE_DEVICE_TEMPS_CORRECTIONS": "auto",
+                "AIRFLOW_CONN_SLUICE_WEBHOOK": json.dumps({"conn_type": "http", "host": hooks[kind].url}),
+            })
+            if kind == "s3":
+                env.update({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake"})
+            steps = [[START.timestamp() + reveal * 3600, now, argv] for reveal, now, argv in STEPS]
+            runs[kind] = subprocess.Popen(
+                [sys.executable, "-c", RUNNER, str(home / "staged"), str(home / "landing"), json.dumps(steps)],
+                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}
+        posts = {kind: hook.posts() for kind, hook in hooks.items()}
+
+    codes: dict[str, Any] = {}
+    for kind, (stdout, stderr) in outputs.items():
+        lines = [line for line in stdout.splitlines() if line.startswith("exit codes: ")]
+        assert lines, f"{kind}: {stderr[-3000:]}"
+        codes[kind] = json.loads(lines[-1][len("exit codes: "):])
+    # The same outcome on both lakes: the tutorial's windows fail their check (exit 2) in its cycle, correction
+    # and backfill; the generated streams' late share fails some lateness checks too; status reads it all.
+    assert codes["s3"] == codes["local"], (codes, outputs["s3"][1][-3000:])
+    assert [codes["s3"][i] for i in (2, 5, 7, 8)] == [2, 2, 2, 0], codes
+    assert f"lake=s3://{bucket}/lake" in outputs["s3"][0]  # sluice status read the lake in the bucket
+
+    on_s3 = load_settings({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake"}, home=homes["s3"])
+    local = load_settings({}, home=homes["local"])
+    tables_s3, tables_local = _snapshot(on_s3), _snapshot(local)
+    assert sorted(tables_s3) == sorted(tables_local)
+    assert {"gold/ad_clicks_hourly", "gold/user_activity_hourly", "gold/device_temps", "ops/alerts"} <= set(tables_s3)
+    for name in tables_local:
+        assert tables_s3[name] == tables_local[name], name
+    print(sorted(p.name for p in homes["s3"].iterdir()))
+    # The same alerts from both, with the tutorial's failing windows and the correction among them.
+    ids = {kind: sorted(p["alert_id"] for p in found) for kind, found in posts.items()}
+    assert ids["s3"] == ids["local"]
+    kinds = [p["kind"] for p in posts["s3"]]
+    assert kinds.count("dq_failure") >= FAILING and "correction" in kinds, kinds
+
+
+def test_a_landing_zone_on_s3_is_ingested_as_a_local_one(s3: S3Server, tmp_path: Path) -> None:
+    """SPEC 1 with the landing zone in a bucket too: an object's arrival time is its LastModified, keys play the
+    part of file names (odd characters, gzip and an unreadable .gz among them; '.'/'_' keys are in flight). The
+    same bytes in a local landing zone, with each file's mtime set to its object's LastModified, give the same
+    tables; the S3 home's lake is in a bucket of its own."""
+    now = datetime.now(UTC).replace(microsecond=0)
+    options = replace(OPTIONS, start=now - timedelta(hours=3), hours=2.5, streams=("impressions", "clicks"),
+                      odd_file_names=True, unreadable_files=1, gzip=True, late_share=0.02)
+    staged = tmp_path / "staged"
+    generate(staged, options)
+    (staged / "clicks" / "_in-flight.jsonl").write_text('{"click_id": "never read"}\n')
+    (staged / "clicks" / ".hidden.jsonl").write_text('{"click_id": "never read"}\n')
+    landing_bucket, lake_bucket = s3.bucket("landing"), s3.bucket("lake")
+    client = s3.client()
+    files = sorted(staged.glob("*/*"), key=lambda f: (f.stat().st_mtime, f.name))
+    for file in files:  # in arrival order, as producers would upload them
+        client.put_object(Bucket=landing_bucket, Key=f"zone/{file.parent.name}/{file.name}", Body=file.read_bytes())
+    local_landing = tmp_path / "home_lo" / "landing"
+    for page in client.get_paginator("list_objects_v2").paginate(Bucket=landing_bucket, Prefix="zone/"):
+        for item in page["Contents"]:
+            target = local_landing / item["Key"].removeprefix("zone/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes((staged / item["Key"].removeprefix("zone/")).read_bytes())
+            arrival = item["LastModified"].timestamp()
+            os.utime(target, (arrival, arrival))
+    run_now = (now + timedelta(minutes=5)).isoformat()
+    steps = [[float("inf"), run_now, ["run", "ad_clicks_hourly"]], [float("inf"), run_now, ["status"]]]
+    # The twin runs the same pipeline on the same buckets at the same time, from a home of its own (another
+    # host, as far as it can tell): it shares only the bucket, so only the lease in the bucket keeps the two
+    # apart. One waits for the other; their tables are those of one run.
+    homes = {"s3": tmp_path / "home_s3", "twin": tmp_path / "home_tw", "local": tmp_path / "home_lo"}
+    runs = {}
+    for kind, home in homes.items():
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AWS_", "AIRFLOW_CONN_"))}
+        env.update({"SLUICE_HOME": str(home), "PYSPARK_PYTHON": sys.executable, "SLUICE_LATENESS_THRESHOLD": "1"})
+        if kind != "local":
+            env.update({**s3.env(), "SLUICE_LANDING": f"s3://{landing_bucket}/zone",
+                        "SLUICE_LAKE": f"s3://{lake_bucket}/lake"})
+        runs[kind] = subprocess.Popen(
+            [sys.executable, "-c", RUNNER, str(home / "staged"), str(home / "nowhere"), json.dumps(steps)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}
+    for kind, (stdout, stderr) in outputs.items():
+        assert "exit codes: [0, 0]" in stdout, f"{kind}: {stdout[-2000:]} {stderr[-3000:]}"
+    assert f"lake=s3://{lake_bucket}/lake" in outputs["s3"][0]
+    waited = [kind for kind in ("s3", "twin") if "waiting for the lease held by another run" in outputs[kind][1]]
+    assert len(waited) == 1, [outputs[kind][1][-2000:] for kind in ("s3", "twin")]
+
+    def by_file_name(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
+        # source_file (and an alert's message) names the file where it lies (file:<home>/landing/... or
+        # s3://<bucket>/zone/...): compare what follows, the stream's folder and the file's name.
+        # The unreadable-file alert's id ends in a digest of those paths.
+        where = re.compile(rf"(file:)?<home>/landing/|s3://{re.escape(landing_bucket)}/zone/")
+        digest = re.compile(r"(/unreadable_file/\d+/)[0-9a-f]+$")
+        return {name: sorted(tuple(digest.sub(r"\1<digest>", where.sub("<landing>/", v)) for v in row)
+                             for row in rows)
+                for name, rows in _snapshot(settings).items()}
+
+    on_s3 = by_file_name(load_settings({**s3.env(), "SLUICE_LANDING": f"s3://{landing_bucket}/zone",
+                                        "SLUICE_LAKE": f"s3://{lake_bucket}/lake"}, home=homes["s3"]))
+    local = by_file_name(load_settings({}, home=homes["local"]))
+    assert sorted(on_s3) == sorted(local)
+    for name in local:
+        assert on_s3[name] == local[name], name
+    assert "unreadable_file" in str(local["quarantine/impressions"] + local["quarantine/clicks"])
+    assert not any("never read" in str(row) for rows in on_s3.values() for row in rows)
