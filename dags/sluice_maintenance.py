@@ -33,24 +33,24 @@ from sluice.airflow.factory import DEFAULT_ARGS
 def sluice_maintenance() -> None:
     @task(task_id="compact")
     def compact_tables() -> dict[str, int]:
-        from sluice.config import load_settings
+        from sluice.airflow.credentials import task_settings
         from sluice.storage.maintenance import compact
 
-        return compact(load_settings())
+        return compact(task_settings())
 
     @task(task_id="vacuum")
     def vacuum_tables() -> dict[str, int]:
-        from sluice.config import load_settings
+        from sluice.airflow.credentials import task_settings
         from sluice.storage.maintenance import vacuum
 
-        return vacuum(load_settings())
+        return vacuum(task_settings())
 
     @task(task_id="clean_checkpoints")
     def clean() -> int:
-        from sluice.config import load_settings
+        from sluice.airflow.credentials import task_settings
         from sluice.storage.maintenance import clean_checkpoints
 
-        return clean_checkpoints(load_settings())
+        return clean_checkpoints(task_settings())
 
     compact = compact_tables()
     vacuum = vacuum_tables()

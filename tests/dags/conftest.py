@@ -25,7 +25,7 @@ VENV_BIN = Path(sys.executable).parent
 RETRY_DELAY = timedelta(seconds=1)
 
 # Variables that would change what a DAG run does if they leaked in from the shell running the tests.
-_LEAKY_PREFIXES = ("SLUICE_", "AIRFLOW_CONN_")
+_LEAKY_PREFIXES = ("SLUICE_", "AIRFLOW_CONN_", "AWS_")
 _PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 

@@ -34,6 +34,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, BaseHook, CronDataIntervalTimeta
 from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
+from sluice.airflow.credentials import aws_env, task_settings
 from sluice.core.model import PipelineDef
 from sluice.core.registry import Registry
 
@@ -145,6 +146,9 @@ def spark_env() -> dict[str, str]:
         "TZ": "UTC",
     }
     env.update({k: v for k, v in os.environ.items() if k.startswith(("SLUICE_", "AIRFLOW_CONN_SLUICE"))})
+    # A lake or landing zone on object storage: the aws_default connection's credentials, when it is defined
+    # (the worker's own AWS variables reach the job anyway: spark-submit inherits the task's environment).
+    env.update(aws_env())
     # Airflow 3's task supervisor keeps tasks off the metadata DB by pointing the DB URL of the task process
     # at a placeholder (`airflow-db-not-allowed:///`). The job inherits the task's environment and imports
     # Airflow (its alert records), whose import fails to parse that URL: every spark-submit task would fail
@@ -253,10 +257,9 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
         self.pipeline = pipeline
 
     def execute(self, context: Any) -> None:
-        from sluice.config import load_settings
         from sluice.storage.ledger import pending_windows
 
-        pending = pending_windows(load_settings(), self.pipeline)
+        pending = pending_windows(task_settings(), self.pipeline)
         if not pending:
             log.info("every closed window of %s is validated (run_cycle checks the windows it closes); "
                      "nothing to check, Spark not started", self.pipeline)
@@ -293,10 +296,9 @@ class SluiceGoldOperator(SluiceSparkSubmitOperator):
         self.gold_alias = gold_alias
 
     def execute(self, context: Any) -> None:
-        from sluice.config import load_settings
         from sluice.storage.ledger import gold_changes, read_ledger
 
-        settings = load_settings()
+        settings = task_settings()
         before = read_ledger(settings, self.pipeline)
         super().execute(context)  # raises on failure: no event for a rewrite that did not happen
         changed = gold_changes(before, read_ledger(settings, self.pipeline))
@@ -350,9 +352,8 @@ def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS)
     @task(task_id=SEND_ALERTS, retries=0, trigger_rule=trigger_rule)
     def send_alerts(pipeline_name: str) -> int:
         from sluice.alerting.outbox import deliver_pending
-        from sluice.config import load_settings
 
-        report = deliver_pending(load_settings(), pipeline_name)
+        report = deliver_pending(task_settings(), pipeline_name)
         for alert in report.delivered:
             log.log(logging.INFO if alert.level == "info" else logging.WARNING, "%s", alert.message)
         # Notices (corrections) are informational; failures, stale windows and unreadable files fail the run.
@@ -402,13 +403,12 @@ def backfill_windows(pipeline_name: str, context: Any) -> tuple[datetime, dateti
     """The windows of the run's data interval: those whose start lies in ``[data_interval_start,
     data_interval_end)``, as an aligned ``sluice backfill`` range (None when no window starts in it). Reads
     the pipeline's window from the settings (it may be configured) at run time."""
-    from sluice.config import load_settings
     from sluice.core.windows import windows_starting_in
 
     start, end = context.get("data_interval_start"), context.get("data_interval_end")
     if start is None or end is None:
         return None
-    return windows_starting_in(start, end, load_settings().pipeline(pipeline_name).window.slide)
+    return windows_starting_in(start, end, task_settings().pipeline(pipeline_name).window.slide)
 
 
 def choose_path_task(pipeline_name: str) -> Any:
