@@ -3,8 +3,9 @@
 
 Daily housekeeping of the lake, under each pipeline's lock so it never races a cycle or a backfill:
 
-* **compact**: bin-pack small files of every Delta table (delta-rs OPTIMIZE; `dataChange=false`, so the
-  streaming readers downstream see nothing new),
+* **compact**: bin-pack small files of every Delta table, each by the engine that writes it (delta-spark's
+  OPTIMIZE for the tables Spark writes, delta-rs's for `ops/*`; `dataChange=false`, so the streaming readers
+  downstream see nothing new),
 * **vacuum**: delete files no longer referenced, older than the retention (default 7 days, never less
   than 1 day: readers and time travel within that horizon stay safe); this also removes files left by a
   crashed write,

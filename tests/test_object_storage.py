@@ -3,11 +3,13 @@ same tables with ``SLUICE_LAKE=s3://...`` on a real S3 server (s3proxy, tests/su
 lake. The commands are the CLI's, in one process per lake (one JVM each), the two lakes side by side:
 
 * the shipped pipelines (``ad_clicks_hourly``, ``user_activity_hourly``) on generated streams with late,
-  early, duplicate and malformed records, over two cycles; late records land for closed windows and the
-  automatic correction rewrites them; then a backfill with ``--include-late``;
+  early, duplicate and malformed records; late records land for closed windows of ``ad_clicks_hourly`` and
+  the automatic correction rewrites them; then a backfill with ``--include-late``;
 * the README tutorial's pipeline, whose completeness check fails three windows: data quality alerts through a
-  webhook on 127.0.0.1, a late reading is corrected, and a backfill re-checks them;
-* ``sluice status`` reads it all back from the bucket.
+  webhook on 127.0.0.1, and a late reading is corrected.
+
+The second test puts the landing zone in a bucket too, runs ``sluice status`` there, and runs the same
+pipeline from two homes at once on the same buckets (two hosts, as far as the lease in the bucket knows).
 
 Every table of both lakes is compared row for row (the Spark checkpoint's lineage ids aside), and both lakes
 alert the same windows."""
@@ -54,18 +56,15 @@ def _at(hours: float) -> str:
     return (START + timedelta(hours=hours)).isoformat()
 
 
-# (reveal the files that arrived up to this hour after START, now, the command)
+# (reveal the files that arrived up to this hour after START, now, the command). Each command once where once
+# shows it (sluice status on S3: the next test), to keep the suite's time.
 STEPS: list[tuple[float, str, list[str]]] = [
     (1.25, _at(1.25), ["run", "ad_clicks_hourly"]),
-    (1.25, _at(1.25), ["run", "user_activity_hourly"]),
     (11.0, "2024-05-01T11:00:00+00:00", ["run", "device_temps"]),
     (24.0, _at(3.5), ["run", "ad_clicks_hourly"]),  # the rest, late records for closed hours among them
     (24.0, _at(3.5), ["run", "user_activity_hourly"]),
     (24.0, "2024-05-01T11:05:00+00:00", ["run", "device_temps"]),  # the late reading: a correction
     (24.0, _at(3.5), ["backfill", "ad_clicks_hourly", "--start", _at(0), "--end", _at(2), "--include-late"]),
-    (24.0, "2024-05-01T11:10:00+00:00",
-     ["backfill", "device_temps", "--start", "2024-05-01T09:50:00Z", "--end", "2024-05-01T10:05:00Z"]),
-    (24.0, _at(3.5), ["status"]),
 ]
 
 # Runs STEPS in one process (one JVM), as a user would run the commands one after the other; prints the exit
@@ -147,11 +146,10 @@ def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_pa
         lines = [line for line in stdout.splitlines() if line.startswith("exit codes: ")]
         assert lines, f"{kind}: {stderr[-3000:]}"
         codes[kind] = json.loads(lines[-1][len("exit codes: "):])
-    # The same outcome on both lakes: the tutorial's windows fail their check (exit 2) in its cycle, correction
-    # and backfill; the generated streams' late share fails some lateness checks too; status reads it all.
+    # The same outcome on both lakes: the tutorial's windows fail their check (exit 2) in its cycle and its
+    # correction; the generated streams' late share fails some lateness checks too.
     assert codes["s3"] == codes["local"], (codes, outputs["s3"][1][-3000:])
-    assert [codes["s3"][i] for i in (2, 5, 7, 8)] == [2, 2, 2, 0], codes
-    assert f"lake=s3://{bucket}/lake" in outputs["s3"][0]  # sluice status read the lake in the bucket
+    assert [codes["s3"][i] for i in (1, 4)] == [2, 2], codes
 
     on_s3 = load_settings({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake"}, home=homes["s3"])
     local = load_settings({}, home=homes["local"])
@@ -160,7 +158,6 @@ def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_pa
     assert {"gold/ad_clicks_hourly", "gold/user_activity_hourly", "gold/device_temps", "ops/alerts"} <= set(tables_s3)
     for name in tables_local:
         assert tables_s3[name] == tables_local[name], name
-    print(sorted(p.name for p in homes["s3"].iterdir()))
     # The same alerts from both, with the tutorial's failing windows and the correction among them.
     ids = {kind: sorted(p["alert_id"] for p in found) for kind, found in posts.items()}
     assert ids["s3"] == ids["local"]
