@@ -541,9 +541,9 @@ class StreamIngest:
         """The objects directly in the stream's landing folder (paged on object storage), or None when the
         folder does not exist: on object storage, when no object has its prefix yet."""
         listed = list(landing_store(self.settings).list(self.spec.name))
-        if not listed and self.settings.landing.is_local and not self.settings.landing.local(self.spec.name).is_dir():
-            return None
-        return listed if listed or self.settings.landing.is_local else None
+        if self.settings.landing.is_local:
+            return listed if self.settings.landing.local(self.spec.name).is_dir() else None
+        return listed or None
 
     def _new_files(self, listed: list[ObjectInfo]) -> list[ObjectInfo]:
         """Landing files that no ops row records yet, in arrival order (mtime or LastModified, then path). Like

@@ -170,15 +170,20 @@ def _unpartitioned(table: DeltaTable, path: str, what: str) -> None:
 def _add_file(path: str, data: pa.Table) -> AddAction:
     """Write ``data`` as one new Parquet file of the (unpartitioned) table and describe it for the commit."""
     rel = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    # Serialized first: the file's size is known without asking the store for it (a request per commit on S3).
+    buffer = pa.BufferOutputStream()
+    pq.write_table(data, buffer, compression="snappy")
+    body = buffer.getvalue()
     fs, where = snapshots.filesystem(child(path, rel))
     if fs is None:
-        Path(where).parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(data, where, compression="snappy", filesystem=fs)
-    size = (fs.get_file_info(where).size if fs is not None else Path(where).stat().st_size)
+        Path(where).write_bytes(body.to_pybytes())
+    else:
+        with fs.open_output_stream(where) as out:
+            out.write(body)
     # numRecords lets Delta readers (and our own status) count rows without opening files. No per-column
     # bounds: delta-rs turns a column without them into a pyarrow guarantee that drops every row of the
     # file from filtered reads (deltalake 1.6), so bounds are all or nothing, and strings are not worth it.
-    return AddAction(path=rel, size=int(size), partition_values={}, modification_time=int(time.time() * 1000),
+    return AddAction(path=rel, size=body.size, partition_values={}, modification_time=int(time.time() * 1000),
                      data_change=True, stats=json.dumps({"numRecords": data.num_rows}))
 
 
