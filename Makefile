@@ -59,11 +59,15 @@ class-data: $(STAMP) $(JARS_STAMP)
 run: setup
 	$(BIN)/sluice demo
 
+# The suite runs on TEST_WORKERS processes (pytest-xdist), each with its own Spark session, AIRFLOW_HOME and S3
+# server: most of a test's time is one JVM or Python process starting or waiting, so two workers keep both
+# cores busy. TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
 
 test-fast: setup
-	$(BIN)/pytest -q -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check include tools tests dags jobs plugins bench pipelines

@@ -6,8 +6,9 @@ One protocol, :class:`ObjectStore`, over a local folder (:class:`LocalStore`) an
 * ``get`` reads a whole object; ``None`` when there is none.
 * ``put`` replaces a whole object: a reader sees the old bytes or the new ones, never a mix (an S3 PUT is
   atomic; locally the bytes go to a temporary file that is renamed over the old one).
-* ``create`` writes only when the key does not exist yet (``If-None-Match: *`` on S3, ``O_EXCL`` locally), so
-  of several writers exactly one wins.
+* ``create`` writes only when the key does not exist yet (``If-None-Match: *`` on S3; locally a hard link to a
+  temporary file that already holds all the bytes), so of several writers exactly one wins, and a reader never
+  sees the winner's object half written.
 * ``list`` yields the objects directly in a folder, with their ``LastModified`` (S3) or mtime (local), page by
   page: a folder with 100,000 objects never sits in memory as one response.
 * ``folders`` yields the names of a folder's subfolders (S3's common prefixes), to find the lake's tables.
@@ -83,12 +84,20 @@ class LocalStore:
     def create(self, key: str, data: bytes) -> bool:
         path = self._path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Written whole under a temporary name, then hard-linked to the key: link() fails when the key exists,
+        # as O_EXCL would, but a reader never sees the winner's object before its bytes are there (with O_EXCL
+        # the file exists, empty, until the write lands).
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
-            handle = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(handle, "wb") as out:
+                out.write(data)
+                out.flush()
+                os.fsync(out.fileno())
+            os.link(temporary, path)
         except FileExistsError:
             return False
-        with os.fdopen(handle, "wb") as out:
-            out.write(data)
+        finally:
+            Path(temporary).unlink(missing_ok=True)
         return True
 
     def delete(self, key: str) -> None:
