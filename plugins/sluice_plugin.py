@@ -7,7 +7,8 @@ an Airflow user who may read DAGs):
   closed and validated them, and backfill / re-check actions through Airflow's REST API as the user),
   watermark and lag per stream, records per hour;
 * ``/sluice/api/...``: the JSON behind it (``/sluice/api/status`` is ``sluice status --json``);
-* ``/sluice/docs/...`` serves the Great Expectations Data Docs from ``$SLUICE_HOME/data_docs``;
+* ``/sluice/docs/...`` serves the Great Expectations Data Docs from the lake's ``_data_docs/`` (a folder or a
+  bucket);
 * ``/sluice/status`` returns ``sluice status`` (watermarks, ledger, row counts) as plain text;
 
 and adds them to the UI's Browse menu. The ledger has a ``url_route``, so the UI shows it inside its own

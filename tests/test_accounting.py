@@ -408,7 +408,7 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
             continue  # correction notices carry their numbers themselves
         base = "https://airflow.example.com/sluice/docs/"
         assert post["docs_url"].startswith(base), post["docs_url"]
-        assert (home / "data_docs" / post["docs_url"][len(base):]).is_file(), post["docs_url"]
+        assert (home / "lake" / "_data_docs" / post["docs_url"][len(base):]).is_file(), post["docs_url"]
     outbox = DeltaTable(str(home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
     assert sorted(r["alert_id"] for r in outbox) == sorted(p["alert_id"] for p in posts)
     assert {r["channels"] for r in outbox} == {"webhook"}

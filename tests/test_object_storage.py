@@ -100,14 +100,16 @@ def _stage(folder: Path, pipelines: Path) -> None:
 
 
 def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
-    """Every table's rows, sorted; the home's path (in source_file) made neutral, and left out: the ids of the
-    Spark checkpoints' lineage (fresh uuids per checkpoint) and when an alert was delivered (the wall clock)."""
+    """Every table's rows, sorted; the lake's and the home's paths (in docs_path, source_file) made neutral, and
+    left out: the ids of the Spark checkpoints' lineage (fresh uuids per checkpoint) and when an alert was
+    delivered (the wall clock)."""
     out = {}
     for name, uri in delta_tables(settings):
         data = DeltaTable(uri, storage_options=storage_options(uri)).to_pyarrow_table()
         data = data.drop_columns([c for c in ("spark_batch_id", "query_id", "delivered_at")
                                   if c in data.column_names])
-        out[name] = sorted(tuple(str(v).replace(str(settings.home), "<home>") for v in row.values())
+        out[name] = sorted(tuple(str(v).replace(settings.lake.uri, "<lake>").replace(str(settings.home), "<home>")
+                                 for v in row.values())
                            for row in data.to_pylist())
     return out
 

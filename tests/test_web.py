@@ -39,7 +39,7 @@ def allow() -> None:
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SLUICE_HOME", str(tmp_path))
     monkeypatch.delenv("SLUICE_NOW", raising=False)
-    docs = tmp_path / "data_docs"
+    docs = tmp_path / "lake" / "_data_docs"  # the lake's Data Docs site
     (docs / "validations").mkdir(parents=True)
     (docs / "index.html").write_text("<html>sluice data docs</html>")
     (docs / "validations" / "page.html").write_text("<html>window page</html>")
@@ -145,7 +145,7 @@ def test_windows_carry_state_counts_dq_and_their_data_docs_page(home: Path) -> N
     ledger = [ledger_row(T0, "validated"), ledger_row(T0 + H, "failed", late=3, detail="lateness (0.3)"),
               ledger_row(T0 + 2 * H, "closed")]
     write_table(WINDOW_LEDGER.path(settings), WINDOW_LEDGER.schema, [vars(r) for r in ledger])
-    page = home / "data_docs" / "validations" / "page.html"
+    page = home / "lake" / "_data_docs" / "validations" / "page.html"
     dq = [("completeness:users", True, T0), ("lateness:dlq_share_within_threshold", True, T0),
           ("completeness:users", True, T0 + H), ("lateness:dlq_share_within_threshold", False, T0 + H)]
     write_table(tables.DQ_RESULTS.path(settings), tables.DQ_RESULTS.schema, [
@@ -208,7 +208,7 @@ def test_docs_links_follow_the_mount_prefix(home: Path) -> None:
     write_table(tables.DQ_RESULTS.path(settings), tables.DQ_RESULTS.schema, [
         {"pipeline": "user_activity_hourly", "window_start": T0, "window_end": T0 + H, "expectation": "e",
          "observed_value": "1", "success": True, "validated_at": T0,
-         "docs_path": str(home / "data_docs" / "validations" / "page.html")}
+         "docs_path": str(home / "lake" / "_data_docs" / "validations" / "page.html")}
     ])
     mounted = TestClient(create_app(reader=allow), root_path="/sluice")
     windows = {p["pipeline"]: p["windows"] for p in mounted.get("/api/windows").json()["pipelines"]}

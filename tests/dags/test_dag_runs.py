@@ -165,7 +165,7 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     assert rows(home, "gold/unmatched_clicks_hourly"), "unknown-impression clicks must be counted"
     assert ledger(home, "ad_clicks_hourly") == {w: "validated" for w in windows}
     assert_dq_recorded(home, "ad_clicks_hourly", windows)
-    assert (home / "data_docs" / "index.html").is_file()
+    assert (home / "lake" / "_data_docs" / "index.html").is_file()
     assert rows(home, "ops/alerts") == []
     # One Spark application per run (issue 13): run_cycle validated what it closed; check_quality had
     # nothing left and did not start Spark.

@@ -154,6 +154,16 @@ def test_folders_are_listed_by_name_without_their_contents(store: ObjectStore) -
     assert list(store.folders("gold/t1")) == ["_delta_log"] and list(store.folders("nothing")) == []
 
 
+def test_walk_yields_every_key_under_a_folder_at_any_depth(store: ObjectStore) -> None:
+    """How Great Expectations' stores under the lake list their results (sluice.quality.gx_store)."""
+    keys = [f"validations/p/run-{i}/result.json" for i in range(9)] + ["validations/top.json", "expectations/s.json"]
+    for key in keys:
+        store.put(key, b"{}")
+    assert sorted(store.walk("validations")) == sorted(k for k in keys if k.startswith("validations/"))
+    assert sorted(store.walk("")) == sorted(keys)  # page by page on S3 (7 keys a page here)
+    assert list(store.walk("nothing")) == []
+
+
 def test_a_uri_finds_the_credentials_of_the_root_it_lies_under(tmp_path: Path) -> None:
     """Code that holds only a table's URI (the snapshot readers, the ops tables' writer) reaches it with the
     credentials of the mounted root it lies under, the deepest one first; a local path needs none."""

@@ -72,7 +72,7 @@ def local_refs(refs: list[str]) -> list[str]:
 @pytest.fixture(scope="module")
 def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[WindowValidator, Path]:
     """Data Docs of a passing and a failing window: the index, suite pages and validation pages 5 folders deep."""
-    docs = tmp_path_factory.mktemp("home") / "data_docs"
+    docs = tmp_path_factory.mktemp("home") / "lake" / "_data_docs"  # where a home's lake keeps them
     validator = WindowValidator(docs, run_time=START + 3 * HOUR)
     for hour, ctr in enumerate((0.5, 1.5)):
         start = START + hour * HOUR
@@ -156,7 +156,7 @@ def test_a_rebuild_rewrites_only_what_great_expectations_wrote_again(built: tupl
 
 
 def test_the_plugin_serves_a_page_and_its_assets(docs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("SLUICE_HOME", str(docs.parent))
+    monkeypatch.setenv("SLUICE_HOME", str(docs.parent.parent))
     monkeypatch.delenv("SLUICE_NOW", raising=False)
     client = TestClient(create_app(reader=lambda: None))
     page = next((docs / "validations").rglob("*.html"))

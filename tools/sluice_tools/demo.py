@@ -25,7 +25,7 @@ from deltalake import DeltaTable
 from sluice.cli.report import accounting_table, render_table
 from sluice.cli.status import ledger_summary
 from sluice.config import Settings
-from sluice.quality.checker import docs_dir
+from sluice.quality.site import docs_site
 from sluice.storage import tables
 from sluice.storage.ledger import read_ledger
 
@@ -97,7 +97,7 @@ def _dq_summary(settings: Settings) -> str:
     failed = [r for r in read_ledger(settings) if r.state == "failed"]
     if failed:
         lines.append(f"failed windows: {len(failed)} (see `sluice status`)")
-    lines.append(f"Data Docs: {docs_dir(settings) / 'index.html'}")
+    lines.append(f"Data Docs: {docs_site(settings).root.join('index.html')}")
     return "\n".join(lines)
 
 

@@ -12,15 +12,14 @@ import re
 from collections import defaultdict
 from collections.abc import Callable
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 from sluice.cli.output import COUNTS, rfc3339
 from sluice.config import Settings
 from sluice.ingest.landing import load_state
-from sluice.quality.checker import docs_dir
 from sluice.quality.freshness import open_windows
+from sluice.quality.site import docs_site
 from sluice.quality.validator import LATENESS, NO_NULL_KEYS
 from sluice.storage import tables
 from sluice.storage.ledger import STATES, LedgerRow, read_ledger
@@ -173,7 +172,7 @@ def _dq_by_window(settings: Settings, docs_url: Callable[[str], str]) -> dict[Wi
     passed and failed, with the observed value, and its Data Docs page."""
     data = read_small_table(tables.DQ_RESULTS.path(settings))
     out: dict[WindowKey, dict[str, Any]] = {}
-    root = docs_dir(settings).resolve()
+    site = docs_site(settings)
     for row in data.to_pylist() if data is not None else []:
         entry = out.setdefault(_key(row["pipeline"], row["window_start"], row["window_end"]),
                                {"passed": 0, "failed": 0, "failures": [], "docs_url": None})
@@ -183,15 +182,7 @@ def _dq_by_window(settings: Settings, docs_url: Callable[[str], str]) -> dict[Wi
             entry["failed"] += 1
             entry["failures"].append((row["expectation"], row["observed_value"]))
         # Every row of one validation names the same page (its first failing suite, else its totals).
-        page = _docs_page(root, row["docs_path"])
+        page = site.relative(row["docs_path"])  # None for a page elsewhere (a lake moved since)
         if page and entry["docs_url"] is None:
             entry["docs_url"] = docs_url(page)
     return out
-
-
-def _docs_page(root: Path, docs_path: str | None) -> str | None:
-    """The page's path inside the Data Docs folder, or None for a page elsewhere (a home moved since)."""
-    if not docs_path:
-        return None
-    page = Path(docs_path).resolve()
-    return page.relative_to(root).as_posix() if page.is_relative_to(root) else None

@@ -17,6 +17,7 @@ is read when the plugin is imported.
 from __future__ import annotations
 
 import html
+import mimetypes
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, PlainTextResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from sluice.config import load_settings
+from sluice.config import Settings
 
 UI = Path(__file__).parent / "ui"
 
@@ -52,6 +53,14 @@ class LazyApp:
         if self.app is None:
             self.app = create_app()  # two first requests at once may both build one: harmless
         await self.app(scope, receive, send)
+
+
+def _settings() -> Settings:
+    """sluice's settings for one request: the api-server's environment, with the ``aws_default`` connection's
+    credentials over it (a lake on S3 is read with the same credentials as the DAGs' tasks write it)."""
+    from sluice.airflow.credentials import task_settings
+
+    return task_settings()
 
 
 def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
@@ -80,7 +89,7 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
     def api_status() -> dict[str, Any]:
         from sluice.cli.status import status_data
 
-        return status_data(load_settings())
+        return status_data(_settings())
 
     @app.get("/api/windows")
     def api_windows(request: Request, limit: int = Query(500, ge=1, le=10_000)) -> dict[str, Any]:
@@ -90,34 +99,48 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
         prefix = request.scope.get("root_path", "")
         # The Airflow UI sits where this app's mount point ("/sluice") hangs from.
         ui = prefix.removesuffix("/sluice") if prefix.endswith("/sluice") else ""
-        return windows_data(load_settings(), lambda page: f"{prefix}/docs/{quote(page)}", limit=limit,
+        return windows_data(_settings(), lambda page: f"{prefix}/docs/{quote(page)}", limit=limit,
                             airflow_url=lambda path: f"{ui}{path}")
 
     @app.get("/api/streams")
     def api_streams(hours: float = Query(24, gt=0, le=24 * 366)) -> dict[str, Any]:
         from sluice.airflow.api import streams_data
 
-        return streams_data(load_settings(), hours=hours)
+        return streams_data(_settings(), hours=hours)
 
     @app.get("/status", response_class=PlainTextResponse)
     def status() -> str:
         from sluice.cli.status import render_status
 
-        return render_status(load_settings())
+        return render_status(_settings())
 
     @app.get("/docs/{path:path}")
-    def docs(path: str) -> FileResponse:
-        from sluice.quality.checker import docs_dir
+    def docs(path: str) -> Response:
+        from sluice.quality.site import docs_site
 
-        root = docs_dir(load_settings()).resolve()
-        target = (root / (path or "index.html")).resolve()
-        # Never serve anything outside the Data Docs folder.
-        if root not in target.parents and target != root:
+        site = docs_site(_settings())
+        missing = HTTPException(status_code=404, detail=f"no Data Docs page {path!r} yet; run a pipeline first")
+        if site.root.is_local:
+            root = site.root.local().resolve()
+            target = (root / (path or "index.html")).resolve()
+            # Never serve anything outside the Data Docs folder.
+            if root not in target.parents and target != root:
+                raise HTTPException(status_code=404)
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.is_file():
+                raise missing
+            return FileResponse(Path(target))
+        # On object storage: the object itself (a folder's URL is its index page, as on disk).
+        relative = site.relative(path or "index.html")
+        if relative is None:
             raise HTTPException(status_code=404)
-        if target.is_dir():
-            target = target / "index.html"
-        if not target.is_file():
-            raise HTTPException(status_code=404, detail=f"no Data Docs page {path!r} yet; run a pipeline first")
-        return FileResponse(Path(target))
+        data = site.read(relative)
+        if data is None and not relative.endswith(".html"):
+            relative, data = f"{relative}/index.html", site.read(f"{relative}/index.html")
+        if data is None:
+            raise missing
+        media_type = mimetypes.guess_type(relative)[0] or "application/octet-stream"
+        return Response(data, media_type=media_type)
 
     return app

@@ -59,6 +59,12 @@ class Root:
             return tail
         return f"{self.path}/{tail}" if self.path and tail else (self.path or tail)
 
+    def sub(self, *parts: str) -> Root:
+        """The root of the folder ``parts`` under this one (the lake's ``_data_docs``)."""
+        if self.is_local:
+            return Root(self.scheme, str(self.local(*parts)))
+        return Root(self.scheme, self.key(*parts), self.bucket)
+
     def local(self, *parts: str) -> Path:
         """The local path of ``parts``; a clear error on object storage, where there is none."""
         if not self.is_local:

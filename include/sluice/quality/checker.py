@@ -30,6 +30,7 @@ from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.progress import progress
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
+from sluice.quality.site import docs_site
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
@@ -68,7 +69,7 @@ class QualityReport:
     pipeline: str
     checked: list[Window] = field(default_factory=list)
     failed: dict[Window, list[tuple[str, str]]] = field(default_factory=dict)
-    docs_index: Path | None = None
+    docs_index: str | None = None  # the index page where readers find it: a local path or an s3:// URI
     alerts_sent: list[str] = field(default_factory=list)
 
     @property
@@ -81,8 +82,6 @@ class QualityReport:
                 for (start, _end), failures in sorted(self.failed.items())]
 
 
-def docs_dir(settings: Settings) -> Path:
-    return settings.home / "data_docs"
 
 
 def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
@@ -145,16 +144,10 @@ def raise_alert(settings: Settings, engine: DeltaEngine, alert: Any, *, deliver:
 
 
 def docs_url(settings: Settings, page: Path | str | None) -> str | None:
-    """The URL of a Data Docs page (a path under the Data Docs folder), for alerts."""
-    if page is None:
-        return None
-    root = docs_dir(settings)
-    path = Path(page)
-    try:
-        relative = path.resolve().relative_to(root.resolve()) if path.is_absolute() else path
-    except ValueError:
-        return None
-    return settings.docs_url(relative.as_posix())
+    """The URL of a Data Docs page (where GE rendered it, where readers find it, or its path inside the site),
+    for alerts; None for a page outside the site."""
+    relative = docs_site(settings).relative(page)
+    return None if relative is None else settings.docs_url(relative)
 
 
 class QualityChecker:
@@ -203,8 +196,9 @@ class QualityChecker:
             self.engine.ensure_table(table.path(self.settings), table.schema)
         gold_by_output = {output.name: gold_rows(self.engine, output.path(self.settings), windows)
                           for output in self.pipeline.outputs} if windows else {}
+        site = docs_site(self.settings)
         validator = WindowValidator(
-            docs_dir(self.settings),
+            site,
             lateness_threshold=self.settings.lateness_threshold,
             run_time=self.settings.now(),
             window_seconds=int(self.pipeline.window.size.total_seconds()),
@@ -250,7 +244,7 @@ class QualityChecker:
                         report.failed[window] = [(o.expectation, o.observed_value) for o in validation.failed]
                     results.append((window, validation, late))
                     advance(1)
-        report.docs_index = validator.build_docs()
+        report.docs_index = site.location(validator.build_docs())
         self._record(results, report, final_state, deliver, rounds or {})
         return report
 
@@ -380,10 +374,11 @@ class QualityChecker:
 
         now = self.settings.now()
         name = self.pipeline.name
-        docs = str(report.docs_index) if report.docs_index else None
+        site = docs_site(self.settings)
+        docs = report.docs_index
         dq_rows = [
             (name, w[0], w[1], o.expectation, o.observed_value, o.success, now,
-             str(v.docs_path) if v.docs_path else docs)
+             site.location(v.docs_path) or docs)
             for w, v, _late in results
             for o in v.outcomes
         ]

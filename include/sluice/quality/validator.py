@@ -16,10 +16,12 @@ even when the window has no gold rows at all.  Every GE expectation carries a ``
 its ``meta``; the results are folded into one :class:`ExpectationOutcome` per name, which is what lands in
 ``ops/dq_results``.
 
-Stores: suites and validation results are JSON files under ``store_dir`` (so the Data Docs index, built
-by any process, sees every window ever validated: GE's index builder deletes pages whose result is
-missing from the results store); validation definitions and the datasource live in memory (no shared
-YAML file for concurrent processes to fight over).  The Data Docs site is a plain directory of HTML.
+Stores: suites and validation results are JSON objects under the site's stores (``<lake>/_gx``, local or
+in a bucket: :mod:`sluice.quality.site`), so the Data Docs index, built by any process on any host, sees
+every window ever validated (GE's index builder deletes pages whose result is missing from the results
+store); validation definitions and the datasource live in memory (no shared YAML file for concurrent
+processes to fight over).  GE renders the site into a plain local directory of HTML, which is the site on
+a local lake and is published to the lake's ``_data_docs/`` on object storage.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import pandas as pd
 
 from sluice.checks import Check
 from sluice.quality.docs_assets import make_offline
+from sluice.quality.site import DocsSite
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
     from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
@@ -164,7 +167,7 @@ class WindowValidator:
 
     def __init__(
         self,
-        docs_dir: Path,
+        docs: Path | DocsSite,
         *,
         lateness_threshold: float = 0.01,
         window_seconds: int = 3600,
@@ -178,11 +181,12 @@ class WindowValidator:
             raise ValueError(f"lateness_threshold must be within [0, 1], got {lateness_threshold!r}")
         if window_seconds < 1:
             raise ValueError(f"window_seconds must be >= 1, got {window_seconds!r}")
-        self.docs_dir = Path(docs_dir).absolute()
-        self.store_dir = Path(store_dir).absolute() if store_dir else self.docs_dir.parent / "gx_store"
+        # A folder (a site of its own, its stores beside it in store_dir or gx_store), or the lake's site.
+        self.site = docs if isinstance(docs, DocsSite) else DocsSite.local(Path(docs), store_dir)
+        self.docs_dir = self.site.staging  # where GE renders the pages
         self.lateness_threshold = float(lateness_threshold)
         self.window_seconds = int(window_seconds)
-        self._context = _make_context(self.docs_dir, self.store_dir)
+        self._context = _make_context(self.site)
         datasource = self._context.data_sources.add_pandas(_DATASOURCE)
         self._totals_batch = datasource.add_dataframe_asset(_TOTALS_ASSET).add_batch_definition_whole_dataframe(
             "whole"
@@ -421,6 +425,7 @@ class WindowValidator:
                                       build_index=True)
         self._pending.clear()
         make_offline(self.docs_dir)  # the pages load their CSS and JS from the docs folder, not from CDNs
+        self.site.publish()
         return self.docs_dir / "index.html"
 
 
@@ -436,7 +441,7 @@ def _same_suite(stored: Any, expectations: list[Expectation], notes: list[str]) 
 # ---------------------------------------------------------------------- context
 
 
-def _make_context(docs_dir: Path, store_dir: Path) -> AbstractDataContext:
+def _make_context(site: DocsSite) -> AbstractDataContext:
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,
@@ -445,7 +450,14 @@ def _make_context(docs_dir: Path, store_dir: Path) -> AbstractDataContext:
     )
 
     def on_disk(sub: str) -> dict[str, str]:
-        return {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(store_dir / sub)}
+        # Under the lake, local or in a bucket: the index lists every result any host stored.
+        return {"module_name": "sluice.quality.gx_store", "class_name": "LakeStoreBackend",
+                "root": f"{site.stores.rstrip('/')}/{sub}"}
+
+    pages: dict[str, str] = {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site.staging)}
+    if site.published:  # rendered here, read from the lake: the index lists every host's pages
+        pages = {"module_name": "sluice.quality.gx_store", "class_name": "PublishedSiteBackend",
+                 "base_directory": str(site.staging), "published": site.root.uri}
 
     in_memory = {"class_name": "InMemoryStoreBackend"}
     config = DataContextConfig(
@@ -463,7 +475,7 @@ def _make_context(docs_dir: Path, store_dir: Path) -> AbstractDataContext:
             SITE_NAME: {
                 "class_name": "SiteBuilder",
                 "show_how_to_buttons": False,
-                "store_backend": {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(docs_dir)},
+                "store_backend": pages,
                 "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
             }
         },

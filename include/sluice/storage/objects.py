@@ -12,6 +12,8 @@ One protocol, :class:`ObjectStore`, over a local folder (:class:`LocalStore`) an
 * ``list`` yields the objects directly in a folder, with their ``LastModified`` (S3) or mtime (local), page by
   page: a folder with 100,000 objects never sits in memory as one response.
 * ``folders`` yields the names of a folder's subfolders (S3's common prefixes), to find the lake's tables.
+* ``walk`` yields the key of every object under a folder, at any depth (Great Expectations' stores list
+  theirs so).
 """
 
 from __future__ import annotations
@@ -52,6 +54,8 @@ class ObjectStore(Protocol):
     def list(self, folder: str) -> Iterator[ObjectInfo]: ...
 
     def folders(self, folder: str) -> Iterator[str]: ...
+
+    def walk(self, folder: str) -> Iterator[str]: ...
 
 
 class LocalStore:
@@ -126,6 +130,12 @@ class LocalStore:
         with entries:
             yield from sorted(entry.name for entry in entries if entry.is_dir())
 
+    def walk(self, folder: str) -> Iterator[str]:
+        base = self._path(folder)
+        for parent, _subfolders, files in os.walk(base):
+            for name in files:
+                yield Path(parent, name).relative_to(self.root.local()).as_posix()
+
 
 class S3Store:
     def __init__(self, root: Root, client: Any, *, page_size: int = PAGE_SIZE) -> None:
@@ -171,13 +181,21 @@ class S3Store:
             for common in page.get("CommonPrefixes", []):
                 yield common["Prefix"].rstrip("/").rsplit("/", 1)[-1]
 
-    def _pages(self, folder: str) -> Iterator[dict[str, Any]]:
-        """The ListObjectsV2 pages of the folder's own objects and subfolders (``Delimiter``), in key order."""
+    def walk(self, folder: str) -> Iterator[str]:
+        skip = len(self.root.path) + 1 if self.root.path else 0
+        for page in self._pages(folder, nested=True):
+            for item in page.get("Contents", []):
+                yield item["Key"][skip:]
+
+    def _pages(self, folder: str, *, nested: bool = False) -> Iterator[dict[str, Any]]:
+        """The ListObjectsV2 pages of the folder's own objects and subfolders (``Delimiter``), in key order;
+        ``nested``: of every object under the folder instead."""
         prefix = self.root.key(folder).rstrip("/") + "/" if self.root.key(folder) else ""
         token: str | None = None
         while True:
-            kwargs: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "Delimiter": "/",
-                                      "MaxKeys": self.page_size}
+            kwargs: dict[str, Any] = {"Bucket": self.root.bucket, "Prefix": prefix, "MaxKeys": self.page_size}
+            if not nested:
+                kwargs["Delimiter"] = "/"
             if token:
                 kwargs["ContinuationToken"] = token
             page: dict[str, Any] = self.client.list_objects_v2(**kwargs)
