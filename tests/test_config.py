@@ -115,6 +115,8 @@ def test_duration_and_timestamp_parsing() -> None:
         ("delta_engine: rs", "delta_engine"),
         ("vacuum_retention_hours: 1", "vacuum_retention_hours"),
         ("lateness_threshold: true", "lateness_threshold"),
+        ("lease_ttl: 2s", "lease_ttl"),
+        ("lease_ttl: [60s]", "lease_ttl"),
         ("pipelines: 5", "pipelines"),
         ("pipelines: {ad_clicks_hourly: 5}", "pipelines.ad_clicks_hourly"),
         ("pipelines: {ad_clicks_hourly: {windw: {size: 1h}}}", "pipelines.ad_clicks_hourly.windw"),

@@ -77,6 +77,9 @@ class Settings:
     vacuum_retention_hours: int = 168
     # Data quality: the share of DLQ records in a window above which the window fails (SPEC 5: 1%).
     lateness_threshold: float = 0.01
+    # A lock's lease on a lake on object storage: its holder renews it every third of this, and a holder killed
+    # with SIGKILL blocks the others for at most this long (README "Object storage").
+    lease_ttl: timedelta = timedelta(seconds=60)
     # Overrides of the definitions' time semantics: stream -> {watermark_delay|early_tolerance|idle_timeout}
     # and pipeline -> (window size, hop), from YAML or the environment.
     stream_overrides: Mapping[str, Mapping[str, timedelta]] = field(default_factory=dict)
@@ -309,6 +312,14 @@ def _positive_duration(value: Any, key: str) -> timedelta:
     return duration
 
 
+def _lease_ttl(value: Any, key: str) -> timedelta:
+    ttl = parse_duration(value, key)
+    if ttl < MIN_LEASE_TTL:
+        raise ConfigError(f"{key}: {value!r} is too short for a holder to renew its lease over the network; "
+                          f"use at least {int(MIN_LEASE_TTL.total_seconds())}s (default 60s)")
+    return ttl
+
+
 def _timestamp(value: Any, key: str) -> datetime:
     return parse_time(value, key)
 
@@ -316,6 +327,7 @@ def _timestamp(value: Any, key: str) -> datetime:
 STREAM_KEYS = ("watermark_delay", "early_tolerance", "idle_timeout")
 STATE_STORES = ("hdfs", "rocksdb")
 MIN_RETENTION_HOURS = 24
+MIN_LEASE_TTL = timedelta(seconds=5)
 
 # Global keys: YAML ``key`` or environment ``SLUICE_<KEY>``.
 _GLOBALS: dict[str, Convert] = {
@@ -331,6 +343,7 @@ _GLOBALS: dict[str, Convert] = {
         MIN_RETENTION_HOURS, " hours, so that running readers and retried writes never lose files"
     ),
     "lateness_threshold": _share,
+    "lease_ttl": _lease_ttl,
     "max_corrections_per_run": _whole(1),
     "data_docs_url": _text("https://airflow.example.com/sluice/docs"),
 }

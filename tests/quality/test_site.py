@@ -126,4 +126,7 @@ def test_the_plugin_serves_the_lakes_pages_and_nothing_else(lake_env: dict[str, 
     css = client.get("/docs/_static/MANIFEST.json")
     assert css.status_code == 200 and css.headers["content-type"].startswith("application/json")
     assert client.get("/docs/validations/nothing-here.html").status_code == 404
+    # The ledger page's data reads the same lake (no pipeline has run: every pipeline, no windows yet).
+    status = client.get("/api/status")
+    assert status.status_code == 200 and status.json()["pipelines"], status.text
     assert client.get("/docs/..%2F..%2Fsecret.txt").status_code == 404

@@ -64,7 +64,8 @@ def lock(settings: Settings, kind: str, name: str, *, timeout: float, purpose: s
 @contextmanager
 def _lease(settings: Settings, name: str, timeout: float, purpose: str) -> Iterator[None]:
     root = settings.lake.root
-    store = LeaseStore(settings.lake.credentials.boto3_client(), root.bucket, root.key("_locks"))
+    store = LeaseStore(settings.lake.credentials.boto3_client(), root.bucket, root.key("_locks"),
+                       ttl_s=settings.lease_ttl.total_seconds())
     with store.hold(name, timeout=timeout, purpose=purpose):
         yield
 
