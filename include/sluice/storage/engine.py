@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import random
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -53,9 +54,11 @@ PartitionPredicate = Callable[[PartitionValues], bool]
 Actions = list[AddAction | RemoveAction]
 
 # Commits per write before giving up when other writers keep committing first, and the pause before the
-# n-th retry (COMMIT_BACKOFF_S * 2**(n-1): 0.05 s .. 1.6 s, 3.15 s in all). Deterministic on purpose: the
-# writers' own timing differs enough to break ties, and a fixed schedule keeps runs reproducible.
-COMMIT_ATTEMPTS = 7
+# n-th retry: COMMIT_BACKOFF_S * 2**(n-1) (0.05 s .. 6.4 s, about 13 s in all), times a random factor in
+# [0.5, 1.5). The jitter is what breaks ties: writers that lost to the same commit and waited the same time
+# collided again, and on a loaded machine one of four writers of a ledger lost 7 times in a row. Timing
+# never changes a table's content: every write is an app transaction, replayed or not on its own merits.
+COMMIT_ATTEMPTS = 9
 COMMIT_BACKOFF_S = 0.05
 
 
@@ -66,7 +69,7 @@ class CommitConflictError(RuntimeError):
 def commit_backoff(failed: int) -> None:
     """Pause after the ``failed``-th lost attempt (1-based), unless it was the last one."""
     if failed < COMMIT_ATTEMPTS:
-        time.sleep(COMMIT_BACKOFF_S * 2 ** (failed - 1))
+        time.sleep(COMMIT_BACKOFF_S * 2 ** (failed - 1) * random.uniform(0.5, 1.5))
 
 
 class RowsEngine(Protocol):
