@@ -9,6 +9,7 @@ credentials of a URI are those the settings mounted (:func:`sluice.core.lake.cre
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 from great_expectations.data_context.store.tuple_store_backend import (
@@ -95,15 +96,7 @@ class LakeStoreBackend(TupleStoreBackend):
         return dest_key
 
     def list_keys(self, prefix: tuple[str, ...] = ()) -> list[Any]:
-        keys = []
-        for path in self._objects.walk("/".join(prefix)):
-            if self._is_missing_prefix_or_suffix(filepath_prefix=self.filepath_prefix,
-                                                 filepath_suffix=self.filepath_suffix, key=path):
-                continue
-            key = self._convert_filepath_to_key(path)
-            if key and not self.is_ignored_key(key):
-                keys.append(key)
-        return keys
+        return list(_keys(self, self._objects, "/".join(prefix)))
 
     def remove_key(self, key: Any) -> bool:  # type: ignore[override]
         if not self._has_key(key):
@@ -140,13 +133,7 @@ class PublishedSiteBackend(TupleFilesystemStoreBackend):
     def list_keys(self, prefix: tuple[str, ...] = ()) -> list[Any]:
         keys = {tuple(k) for k in super().list_keys(prefix)}
         folder = "/".join([*([self.filepath_prefix] if self.filepath_prefix else []), *prefix])
-        for path in self._site.walk(folder):
-            if self._is_missing_prefix_or_suffix(filepath_prefix=self.filepath_prefix,
-                                                 filepath_suffix=self.filepath_suffix, key=path):
-                continue
-            key = self._convert_filepath_to_key(path)
-            if key and not self.is_ignored_key(key):
-                keys.add(tuple(key))
+        keys.update(tuple(k) for k in _keys(self, self._site, folder))
         return sorted(keys)
 
     def _has_key(self, key: Any) -> bool:
@@ -159,3 +146,14 @@ class PublishedSiteBackend(TupleFilesystemStoreBackend):
             self._site.delete(path)
             removed = True
         return removed
+
+
+def _keys(backend: TupleStoreBackend, objects: ObjectStore, folder: str) -> Iterator[Any]:
+    """The GE keys of the objects under ``folder``, filtered as GE's filesystem backend filters its files."""
+    for path in objects.walk(folder):
+        if backend._is_missing_prefix_or_suffix(filepath_prefix=backend.filepath_prefix,
+                                                filepath_suffix=backend.filepath_suffix, key=path):
+            continue
+        key = backend._convert_filepath_to_key(path)
+        if key and not backend.is_ignored_key(key):
+            yield key

@@ -71,8 +71,8 @@ class LocalStore:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def put(self, key: str, data: bytes) -> None:
-        path = self._path(key)
+    def _temporary(self, path: Path, data: bytes) -> Path:
+        """``data`` in a new file beside ``path``, on disk: what put and create move or link into place."""
         path.parent.mkdir(parents=True, exist_ok=True)
         handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
@@ -80,28 +80,30 @@ class LocalStore:
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
+        return Path(temporary)
+
+    def put(self, key: str, data: bytes) -> None:
+        temporary = self._temporary(self._path(key), data)
+        try:
+            os.replace(temporary, self._path(key))
+        except BaseException:
+            temporary.unlink(missing_ok=True)
+            raise
 
     def create(self, key: str, data: bytes) -> bool:
-        path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
         # Written whole under a temporary name, then hard-linked to the key: link() fails when the key exists,
         # as O_EXCL would, but a reader never sees the winner's object before its bytes are there (with O_EXCL
         # the file exists, empty, until the write lands).
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        temporary = self._temporary(self._path(key), data)
         try:
-            with os.fdopen(handle, "wb") as out:
-                out.write(data)
-                out.flush()
-                os.fsync(out.fileno())
-            os.link(temporary, path)
+            os.link(temporary, self._path(key))
         except FileExistsError:
             return False
         finally:
-            Path(temporary).unlink(missing_ok=True)
+            temporary.unlink(missing_ok=True)
         return True
 
     def delete(self, key: str) -> None:
@@ -172,7 +174,7 @@ class S3Store:
         for page in self._pages(folder):
             for item in page.get("Contents", []):
                 name = item["Key"][len(prefix):]
-                relative = item["Key"][len(self.root.path) + 1:] if self.root.path else item["Key"]
+                relative = self._relative(item["Key"])
                 yield ObjectInfo(name, relative, int(item["Size"]), item["LastModified"].astimezone(UTC),
                                  f"s3://{self.root.bucket}/{item['Key']}")
 
@@ -182,10 +184,13 @@ class S3Store:
                 yield common["Prefix"].rstrip("/").rsplit("/", 1)[-1]
 
     def walk(self, folder: str) -> Iterator[str]:
-        skip = len(self.root.path) + 1 if self.root.path else 0
         for page in self._pages(folder, nested=True):
             for item in page.get("Contents", []):
-                yield item["Key"][skip:]
+                yield self._relative(item["Key"])
+
+    def _relative(self, key: str) -> str:
+        """An object's key relative to the store's root prefix."""
+        return key[len(self.root.path) + 1:] if self.root.path else key
 
     def _pages(self, folder: str, *, nested: bool = False) -> Iterator[dict[str, Any]]:
         """The ListObjectsV2 pages of the folder's own objects and subfolders (``Delimiter``), in key order;
