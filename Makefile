@@ -61,13 +61,14 @@ run: setup
 
 # The suite runs on TEST_WORKERS processes (pytest-xdist), each with its own Spark session, AIRFLOW_HOME and S3
 # server: most of a test's time is one JVM or Python process starting or waiting, so two workers keep both
-# cores busy. TEST_WORKERS=0 runs it in this process.
+# cores busy. TEST_WORKERS=0 runs it in this process. loadgroup hands out the longest tests first, and keeps the
+# tests that share a module's fixture on one worker (tests/support/scheduling.py).
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
 
 test-fast: setup
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist worksteal -m "not slow"
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m "not slow"
 
 lint: setup
 	$(BIN)/ruff check include tools tests dags jobs plugins bench pipelines

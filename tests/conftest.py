@@ -25,7 +25,17 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.core.spark import get_spark
+from support import scheduling
 from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    scheduling.configure(config)
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist appends each group's name to its tests' node ids
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    scheduling.order_longest_first(items)
 
 
 @pytest.fixture(autouse=True)
