@@ -77,17 +77,21 @@ LANDING_READ_OPTIONS = {
     # An unreadable file never fails the query: it is quarantined whole before the query runs, and Spark
     # skips it (and the partial lines of a truncated .gz).
     "ignoreCorruptFiles": "true",
-    # Hadoop's checksumming local file system derives a ".<name>.crc" path by parsing the file name as a
-    # URI, which fails for names with ':' (events-2024-05-01T10:02:00Z.jsonl). The raw local file system
-    # reads the same bytes; it is set for this source only (uncached), because the checkpoints and state
-    # stores keep to the checksumming one.
-    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
-    "fs.file.impl.disable.cache": "true",
     # SPARK-58518 (Spark 4.2.0): when a micro-batch holds a file whose name has one of [ ] { } * ? \, Spark
     # builds the batch with every other path of the batch once more per such name, so their lines are read
     # twice or more. With a recursive lookup the file index takes each file once from its listing. It also
     # lists the files of subfolders, which are not landing files: _process drops them.
     "recursiveFileLookup": "true",
+}
+# A landing zone on local disk only: Hadoop's checksumming local file system derives a ".<name>.crc" path by
+# parsing the file name as a URI, which fails for names with ':' (events-2024-05-01T10:02:00Z.jsonl). The raw
+# local file system reads the same bytes; it is set for this source only (uncached), because the checkpoints and
+# state stores keep to the checksumming one. Never for a landing zone on object storage: the option travels
+# with the batch into its writes, where S3A's upload buffer casts the local file system it gets to the
+# checksumming class, and on an executor of a cluster that cast failed every write to an s3:// lake.
+LOCAL_LANDING_READ_OPTIONS = {
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
 }
 
 
@@ -612,6 +616,7 @@ class StreamIngest:
             self.spark.readStream.format("text")
             .option("pathGlobFilter", LANDING_GLOB)
             .options(**LANDING_READ_OPTIONS)
+            .options(**(LOCAL_LANDING_READ_OPTIONS if self.settings.landing.is_local else {}))
             .option("maxFilesPerTrigger", str(self.settings.max_files_per_trigger))
             .load(landing)
             .select(
