@@ -16,7 +16,8 @@ export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: class-data setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow
+.PHONY: class-data setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow \
+	postgres-check platform platform-down platform-demo
 
 java-check:
 	@command -v java >/dev/null 2>&1 || [ -n "$$JAVA_HOME" ] || { \
@@ -33,8 +34,16 @@ chromium-check:
 	@command -v chromium >/dev/null 2>&1 || \
 	  echo "WARNING: no chromium (and no apt-get to install it): tests/web/test_ledger_page.py will fail"
 
+# The platform (make platform) keeps Airflow's metadata in PostgreSQL: install Debian's server when it is missing.
+postgres-check:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null 2>&1 || \
+	  ! command -v apt-get >/dev/null 2>&1 || { \
+	  sudo=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  echo "installing Debian's postgresql for make platform"; \
+	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
+
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
-setup: java-check chromium-check $(STAMP) $(JARS_STAMP) class-data
+setup: java-check chromium-check postgres-check $(STAMP) $(JARS_STAMP) class-data
 	@# Older set-ups wrote a .pth that changed os.environ in every Python process of the venv: remove it.
 	@rm -f $(VENV)/lib/python*/site-packages/zz_sluice_airflow.pth
 $(STAMP): requirements.txt pyproject.toml
@@ -73,6 +82,23 @@ test-fast: setup
 lint: setup
 	$(BIN)/ruff check include tools tests dags jobs plugins bench pipelines
 	$(BIN)/mypy
+
+# The production topology on 127.0.0.1 (README, "The platform"): PostgreSQL, an S3 server holding the landing
+# zone and the lake, a Spark master and 2 workers, Airflow's api-server, scheduler and dag-processor, all under
+# PLATFORM_DIR. platform-down stops, by pid, what platform started.
+PLATFORM_DIR ?= $(CURDIR)/.platform
+platform: setup
+	$(BIN)/python -m sluice.platform up --root $(PLATFORM_DIR)
+
+platform-down:
+	$(BIN)/python -m sluice.platform down --root $(PLATFORM_DIR)
+
+# A generated day (DEMO_HOURS) landed in the bucket in parts, each followed by DAG runs through the scheduler,
+# then an Airflow backfill and a late file that corrects a closed window; ends with make run's summary.
+DEMO_HOURS ?= 24
+DEMO_SLICES ?= 4
+platform-demo: setup
+	$(BIN)/python -m sluice_tools.platform_demo --root $(PLATFORM_DIR) --hours $(DEMO_HOURS) --slices $(DEMO_SLICES)
 
 bench: setup
 	$(BIN)/python bench/run.py $(ARGS)

@@ -3,9 +3,13 @@
 * Schema: the file is validated against the official Compose Specification JSON schema
   (compose-spec/compose-spec ``schema/compose-spec.json``), as vendored by ``check-jsonschema``
   (pinned in requirements.txt) and selected with ``--builtin-schema vendor.compose-spec``.
-* Semantics the schema cannot see: the services sluice needs, one lake volume at one path for drivers
-  and executors, native Delta everywhere Spark runs, both images fetching the Delta jars pinned in
-  include/sluice/core/jars.lock (and no Delta version of their own), and build paths that exist.
+* The topology: the file describes the services of ``sluice.platform.topology.TOPOLOGY`` (the one description
+  ``make platform`` starts as processes) with its settings: the service names, the Spark workers' cores and
+  memory, every Airflow component's command and shared settings, the lake and the landing zone in the S3
+  server, whose identity is the one its clients sign with. A compose file that drifts from it fails here.
+* Semantics the schema cannot see: no disk shared between drivers and executors, native Delta everywhere
+  Spark runs, both images fetching the jars pinned in include/sluice/core/jars.lock (and no Delta version of
+  their own), and build paths that exist.
 """
 
 from __future__ import annotations
@@ -18,24 +22,27 @@ import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pytest
 import yaml
 
+from sluice.platform.topology import TOPOLOGY
+
 REPO = Path(__file__).resolve().parents[1]
 COMPOSE = REPO / "docker-compose.yaml"
 
-AIRFLOW_COMMANDS = {
-    "airflow-apiserver": "api-server",
-    "airflow-scheduler": "scheduler",
-    "airflow-dag-processor": "dag-processor",
-    "airflow-triggerer": "triggerer",
-}
-SPARK_SERVICES = ("spark-master", "spark-worker")
-# Where Spark code runs: the scheduler hosts the drivers (LocalExecutor + client mode), the worker
-# hosts the executors, the master schedules them.
+# The long-running services, by role, named as TOPOLOGY names them.
+AIRFLOW_COMMANDS = {f"airflow-{component}": component for component in TOPOLOGY.airflow_components}
+SPARK_WORKERS = tuple(TOPOLOGY.worker_names)
+SPARK_SERVICES = ("spark-master", *SPARK_WORKERS)
+S3 = "s3"
+# Where Spark code runs: the scheduler hosts the drivers (LocalExecutor + client mode), the workers
+# host the executors, the master schedules them.
 SPARK_RUNNING = ("airflow-scheduler", *SPARK_SERVICES)
 INIT = "airflow-init"
+# Every container that runs sluice's code, hence reads the lake and the landing zone.
+SLUICE_SERVICES = (INIT, *AIRFLOW_COMMANDS, *SPARK_SERVICES)
 DELTA_EXTENSION = "io.delta.sql.DeltaSparkSessionExtension"
 # The one list of sluice's JVM jars and the stdlib-only tool that fetches them; the images run the tool.
 JARS_TOOL = "include/sluice/core/jars.py"
@@ -59,6 +66,49 @@ def _env(service: Mapping[str, Any]) -> dict[str, str]:
     if isinstance(env, list):  # ["KEY=value", ...]
         env = dict(item.split("=", 1) if "=" in item else (item, "") for item in env)
     return {key: "" if value is None else str(value) for key, value in env.items()}
+
+
+def _interpolate(value: str) -> str:
+    """What Compose makes of ``value`` in an environment that sets none of its variables (no shell overrides,
+    no .env): ``${VAR:-default}`` and ``${VAR-default}`` become the default, ``$$`` a ``$``."""
+
+    def resolve(match: re.Match[str]) -> str:
+        if match.group(0) == "$$":
+            return "$"
+        name, operator, default = match.group("name") or match.group("bare"), match.group("op"), match.group("arg")
+        assert operator in (None, ":-", "-"), f"${{{name}{operator}...}} needs the variable set"
+        return default or ""
+
+    pattern = r"\$\$|\$\{(?P<name>\w+)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}|\$(?P<bare>\w+)"
+    return re.sub(pattern, resolve, value)
+
+
+def _resolved_env(service: Mapping[str, Any]) -> dict[str, str]:
+    return {key: _interpolate(value) for key, value in _env(service).items()}
+
+
+def _flag(command: list[str], flag: str) -> str:
+    assert command.count(flag) == 1, (flag, command)
+    return command[command.index(flag) + 1]
+
+
+def _master_url(compose: Mapping[str, Any]) -> str:
+    master = _services(compose)["spark-master"]
+    command = _command(master)
+    return f"spark://{_flag(command, '--host')}:{_flag(command, '--port')}"
+
+
+def _mebibytes(size: str) -> int:
+    """A JVM/Spark memory size (``512m``, ``2g``) in MiB."""
+    match = re.fullmatch(r"(\d+)([mg])", size.strip().lower())
+    assert match, size
+    return int(match.group(1)) * (1024 if match.group(2) == "g" else 1)
+
+
+def _spark_defaults() -> dict[str, str]:
+    conf = (REPO / "docker/spark/conf/spark-defaults.conf").read_text()
+    return {key: value.strip() for key, value in (
+        line.split(None, 1) for line in conf.splitlines() if line.strip() and not line.startswith("#"))}
 
 
 def _command(service: Mapping[str, Any]) -> list[str]:
@@ -181,7 +231,7 @@ def test_the_schema_check_rejects_an_invalid_compose_file(tmp_path: Path) -> Non
     schema = json.loads((files("check_jsonschema") / "builtin_schemas/vendor/compose-spec.json").read_text())
     assert schema["title"] == "Compose Specification"
     broken = yaml.safe_load(COMPOSE.read_text())
-    broken["services"]["spark-worker"]["depends_on"]["spark-master"]["condition"] = "service_up"
+    broken["services"][SPARK_WORKERS[0]]["depends_on"]["spark-master"]["condition"] = "service_up"
     broken["services"]["postgres"]["restart_policy"] = "always"
     path = tmp_path / "docker-compose.yaml"
     path.write_text(yaml.safe_dump(broken))
@@ -190,19 +240,118 @@ def test_the_schema_check_rejects_an_invalid_compose_file(tmp_path: Path) -> Non
     assert "restart_policy" in result.stdout and "service_up" in result.stdout, result.stdout
 
 
-# -- services -----------------------------------------------------------------------------------------
-def test_required_services_exist(compose: dict[str, Any]) -> None:
+# -- the topology: TOPOLOGY, described once ----------------------------------------------------------------
+def test_the_services_are_the_topologys(compose: dict[str, Any]) -> None:
+    """The long-running services are TOPOLOGY.services (no triggerer, no single spark-worker, no other
+    name for the api-server), plus the one-shot init."""
     services = _services(compose)
-    for name in ("postgres", INIT, *AIRFLOW_COMMANDS, *SPARK_SERVICES):
-        assert name in services, f"missing service {name}"
-    for name, command in AIRFLOW_COMMANDS.items():
-        assert _command(services[name])[-1:] == [command], (name, services[name].get("command"))
+    assert set(services) == set(TOPOLOGY.services) | {INIT}
+    for name in TOPOLOGY.services:
+        assert services[name].get("restart") == "always", name
+    assert services[INIT].get("restart") == "no"
     assert "org.apache.spark.deploy.master.Master" in _command(services["spark-master"])
-    worker = _command(services["spark-worker"])
-    assert "org.apache.spark.deploy.worker.Worker" in worker
-    assert "spark://spark-master:7077" in worker
 
 
+@pytest.mark.parametrize("worker", TOPOLOGY.worker_names)
+def test_each_spark_worker_is_the_topologys(compose: dict[str, Any], worker: str) -> None:
+    service = _services(compose)[worker]
+    command = _command(service)
+    assert "org.apache.spark.deploy.worker.Worker" in command, command
+    assert _flag(command, "--cores") == str(TOPOLOGY.worker_cores), command
+    assert _flag(command, "--memory") == TOPOLOGY.worker_memory, command
+    # The master URL is the worker's one positional argument.
+    assert _master_url(compose) in command, command
+    assert service["depends_on"]["spark-master"] == {"condition": "service_healthy"}
+    # Its own work folder, inside the container: no volume shared with anyone.
+    work = _flag(command, "--work-dir")
+    assert not [target for _kind, _source, target in _mounts(service) if work.startswith(target)], work
+
+
+def test_published_host_ports_are_distinct(compose: dict[str, Any]) -> None:
+    """Two workers (and their UIs) side by side: no two services publish the same host port."""
+    published = [
+        (name, str(port).split(":")[-2])
+        for name, service in _services(compose).items()
+        for port in service.get("ports") or []
+    ]
+    hosts = [port for _name, port in published]
+    assert len(hosts) == len(set(hosts)), published
+    assert {name for name, _port in published} >= {*SPARK_SERVICES, "airflow-api-server", S3}, published
+
+
+@pytest.mark.parametrize("component", TOPOLOGY.airflow_components)
+def test_each_airflow_component_is_the_topologys(compose: dict[str, Any], component: str) -> None:
+    service = _services(compose)[f"airflow-{component}"]
+    assert _command(service)[:1] == [component], service.get("command")
+    env = _resolved_env(service)
+    for key, value in TOPOLOGY.airflow_settings().items():
+        assert env.get(key) == value, (component, key, env.get(key), value)
+
+
+def test_init_has_the_airflow_settings_too(compose: dict[str, Any]) -> None:
+    """airflow-init migrates the database with the configuration the components run with."""
+    env = _resolved_env(_services(compose)[INIT])
+    assert {key: env.get(key) for key in TOPOLOGY.airflow_settings()} == TOPOLOGY.airflow_settings()
+
+
+@pytest.mark.parametrize("name", SLUICE_SERVICES)
+def test_every_sluice_container_has_the_topologys_lake_and_landing(compose: dict[str, Any], name: str) -> None:
+    env = _resolved_env(_services(compose)[name])
+    for key, value in TOPOLOGY.sluice_settings().items():
+        assert env.get(key) == value, (name, key, env.get(key), value)
+    assert env.get("AWS_REGION") == TOPOLOGY.region, name
+
+
+def test_the_s3_server_is_the_one_the_clients_sign_for(compose: dict[str, Any]) -> None:
+    """Every sluice container reaches the `s3` service at its port and signs with the identity it checks,
+    with or without the S3_ACCESS_KEY / S3_SECRET_KEY overrides (the same expressions on both sides)."""
+    services = _services(compose)
+    server = _env(services[S3])
+    assert server["S3PROXY_AUTHORIZATION"] in {"aws-v4", "aws-v2-or-v4"}, server["S3PROXY_AUTHORIZATION"]
+    assert server["JCLOUDS_PROVIDER"] == "filesystem"
+    server_port = urlparse(server.get("S3PROXY_ENDPOINT", "http://0.0.0.0:80")).port or 80
+    volumes = {target: (kind, source) for kind, source, target in _mounts(services[S3])}
+    basedir = server["JCLOUDS_FILESYSTEM_BASEDIR"]
+    assert volumes.get(basedir, ("", ""))[0] == "volume", (basedir, volumes)
+    assert volumes[basedir][1] in compose["volumes"], volumes[basedir]
+    for name in SLUICE_SERVICES:
+        client = _env(services[name])
+        assert client["AWS_ACCESS_KEY_ID"] == server["S3PROXY_IDENTITY"], name
+        assert client["AWS_SECRET_ACCESS_KEY"] == server["S3PROXY_CREDENTIAL"], name
+        assert _interpolate(client["AWS_ACCESS_KEY_ID"]) and _interpolate(client["AWS_SECRET_ACCESS_KEY"]), name
+        endpoint = urlparse(client["AWS_ENDPOINT_URL"])
+        assert (endpoint.scheme, endpoint.hostname, endpoint.port or 80) == ("http", S3, server_port), name
+        # Plain HTTP inside the compose network: delta-rs refuses it unless told.
+        assert client["AWS_ALLOW_HTTP"] == "true", name
+    health = " ".join(services[S3]["healthcheck"]["test"])
+    assert f"/{server_port}" in health and "/healthz" in health, health
+
+
+def test_the_s3_server_is_the_locked_s3proxy() -> None:
+    """The image of the `s3` service is s3proxy at the version jars.lock pins for `make platform` and the
+    object-storage tests: one S3 server, one version (its 4.x line has the conditional puts sluice needs)."""
+    from sluice.core.jars import locked
+
+    (jar,) = locked(["s3proxy"])
+    assert (jar.group, jar.artifact) == ("org.gaul", "s3proxy"), jar
+    assert jar.version.startswith("4."), jar.version
+    image = yaml.safe_load(COMPOSE.read_text())["services"][S3]["image"]
+    assert image == f"andrewgaul/s3proxy:{jar.version}", (image, jar.version)
+
+
+def test_spark_defaults_fit_the_topologys_workers() -> None:
+    """Each executor fits on a worker, and the cluster holds two sluice applications at once (the two hourly
+    DAGs fire together): with spark.cores.max unset the first one would take every core."""
+    conf = _spark_defaults()
+    executor_cores = int(conf["spark.executor.cores"])
+    assert executor_cores <= TOPOLOGY.worker_cores, conf
+    assert _mebibytes(conf["spark.executor.memory"]) <= _mebibytes(TOPOLOGY.worker_memory), conf
+    executors = TOPOLOGY.spark_workers * (TOPOLOGY.worker_cores // executor_cores)
+    per_application = int(conf["spark.cores.max"]) // executor_cores
+    assert per_application >= 1 and executors // per_application >= 2, (conf, TOPOLOGY)
+
+
+# -- services -----------------------------------------------------------------------------------------
 def test_airflow_services_use_the_project_airflow_image(compose: dict[str, Any]) -> None:
     services = _services(compose)
     dockerfiles = {_dockerfile(services[name])[1] for name in (INIT, *AIRFLOW_COMMANDS)}
@@ -220,7 +369,7 @@ def test_airflow_services_use_the_project_airflow_image(compose: dict[str, Any])
     assert "JAVA_HOME=/opt/java/openjdk" in text
 
 
-def test_init_migrates_and_configures_the_admin(compose: dict[str, Any]) -> None:
+def test_init_migrates_configures_the_admin_and_creates_the_bucket(compose: dict[str, Any]) -> None:
     services = _services(compose)
     init = services[INIT]
     script = " ".join(_command(init))
@@ -229,10 +378,12 @@ def test_init_migrates_and_configures_the_admin(compose: dict[str, Any]) -> None
     assert env["AIRFLOW__CORE__AUTH_MANAGER"].endswith("SimpleAuthManager")
     assert "SIMPLE_AUTH_MANAGER_PASSWORDS_FILE" in script
     assert env["AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS"].endswith(":admin")
-    assert init.get("restart") == "no"
+    # The bucket of the lake and the landing zone, from their URIs, once the S3 server answers.
+    assert "create_bucket" in script and "SLUICE_LAKE" in script and "SLUICE_LANDING" in script, script
+    assert init["depends_on"][S3] == {"condition": "service_healthy"}
     for name in AIRFLOW_COMMANDS:
         assert services[name]["depends_on"][INIT] == {"condition": "service_completed_successfully"}, name
-    assert _services(compose)["airflow-apiserver"]["ports"] == ["8080:8080"]
+    assert services["airflow-api-server"]["ports"] == ["8080:8080"]
 
 
 def test_healthchecks_and_depends_on_conditions(compose: dict[str, Any]) -> None:
@@ -249,26 +400,38 @@ def test_healthchecks_and_depends_on_conditions(compose: dict[str, Any]) -> None
                 assert "healthcheck" in services[target], (name, target)
             else:
                 assert (target, condition) == (INIT, "service_completed_successfully"), (name, target)
-    assert "airflow-init" not in (services["postgres"].get("depends_on") or {})
-    # The drivers need a live master; the worker needs it too.
-    assert services["airflow-scheduler"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
-    assert services["spark-worker"]["depends_on"]["spark-master"]["condition"] == "service_healthy"
+    assert not services["postgres"].get("depends_on") and not services[S3].get("depends_on")
+    # Everything that runs sluice's code needs the bucket up.
+    for name in SLUICE_SERVICES:
+        assert services[name]["depends_on"][S3] == {"condition": "service_healthy"}, name
+    # The drivers need a live master; the workers need it too.
+    for name in ("airflow-scheduler", *SPARK_WORKERS):
+        assert services[name]["depends_on"]["spark-master"]["condition"] == "service_healthy", name
 
 
-# -- one lake, native Delta -------------------------------------------------------------------------
-def test_airflow_and_spark_share_the_lake_volume_at_the_same_path(compose: dict[str, Any]) -> None:
+# -- the lake in the bucket, native Delta ---------------------------------------------------------------
+def test_no_disk_is_shared_with_the_spark_services(compose: dict[str, Any]) -> None:
+    """The lake and the landing zone are s3:// URIs, the same in every Airflow and Spark container: executors
+    share no disk with the drivers, so no Spark service mounts a volume, nor anything at SLUICE_HOME."""
     services = _services(compose)
-    lakes = set()
-    for name in (INIT, *AIRFLOW_COMMANDS, *SPARK_SERVICES):
-        env = _env(services[name])
-        home = env.get("SLUICE_HOME")
-        assert home, f"{name}: SLUICE_HOME is not set"
-        volumes = [(source, target) for kind, source, target in _mounts(services[name]) if target == home]
-        assert len(volumes) == 1, f"{name}: nothing mounted at SLUICE_HOME={home}"
-        lakes.add(volumes[0])
-    assert lakes == {("sluice-lake", "/opt/sluice")}, lakes
-    assert "sluice-lake" in compose["volumes"]
-    # Drivers and executors write the same files: same uid/gid everywhere.
+    assert "sluice-lake" not in compose["volumes"]
+    for name in SPARK_SERVICES:
+        home = _env(services[name])["SLUICE_HOME"]
+        for kind, source, target in _mounts(services[name]):
+            assert kind == "bind", (name, source, target)
+            assert not (home + "/").startswith(target.rstrip("/") + "/"), (name, target, home)
+    # The Airflow containers keep SLUICE_HOME (local caches) on a volume of their own.
+    for name in (INIT, *AIRFLOW_COMMANDS):
+        home = _env(services[name])["SLUICE_HOME"]
+        assert [s for kind, s, target in _mounts(services[name]) if target == home and kind == "volume"], name
+    roots = {
+        (env["SLUICE_LAKE"], env["SLUICE_LANDING"], env["AWS_ENDPOINT_URL"])
+        for env in (_resolved_env(services[name]) for name in SLUICE_SERVICES)
+    }
+    assert len(roots) == 1, roots
+    ((lake, landing, _endpoint),) = roots
+    assert lake.startswith("s3://") and landing.startswith("s3://"), roots
+    # Drivers and executors write the same objects: same uid/gid everywhere.
     users = {services[name]["user"] for name in (*AIRFLOW_COMMANDS, *SPARK_SERVICES)}
     assert len(users) == 1, users
 
@@ -281,10 +444,9 @@ def test_native_delta_engine_wherever_spark_runs(compose: dict[str, Any]) -> Non
         conf_dir = env["SPARK_CONF_DIR"]
         binds = {target: source for kind, source, target in _mounts(services[name]) if kind == "bind"}
         assert (REPO / binds[conf_dir]).resolve() == REPO / "docker/spark/conf", name
-    conf = (REPO / "docker/spark/conf/spark-defaults.conf").read_text()
-    settings = dict(line.split(None, 1) for line in conf.splitlines() if line.strip() and not line.startswith("#"))
-    assert settings["spark.sql.extensions"].strip() == DELTA_EXTENSION
-    assert settings["spark.sql.catalog.spark_catalog"].strip() == DELTA_CATALOG
+    settings = _spark_defaults()
+    assert settings["spark.sql.extensions"] == DELTA_EXTENSION
+    assert settings["spark.sql.catalog.spark_catalog"] == DELTA_CATALOG
 
 
 def test_spark_default_connection_points_at_the_master(compose: dict[str, Any]) -> None:
@@ -294,11 +456,18 @@ def test_spark_default_connection_points_at_the_master(compose: dict[str, Any]) 
         conn = json.loads(_env(services[name])["AIRFLOW_CONN_SPARK_DEFAULT"])
         assert conn["conn_type"] == "spark"
         # What SparkSubmitHook builds from a UI-style spark connection: host (full URL) + port.
-        assert f"{conn['host']}:{conn['port']}" == "spark://spark-master:7077"
+        assert f"{conn['host']}:{conn['port']}" == _master_url(compose) == "spark://spark-master:7077"
         assert conn.get("extra", {}).get("deploy-mode", "client") == "client"
     command = _command(master)
     assert master.get("hostname") == "spark-master" or "spark-master" in command
     assert command[command.index("--port") + 1] == "7077"
+
+
+def test_tasks_reach_the_api_servers_execution_api(compose: dict[str, Any]) -> None:
+    services = _services(compose)
+    for name in (INIT, *AIRFLOW_COMMANDS):
+        url = urlparse(_env(services[name])["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"])
+        assert (url.hostname, url.port, url.path) == ("airflow-api-server", 8080, "/execution/"), (name, url)
 
 
 # -- images -----------------------------------------------------------------------------------------
@@ -398,6 +567,25 @@ def test_both_images_fetch_the_delta_jars_of_the_lock(compose: dict[str, Any]) -
                 assert not (jars_dir + "/").startswith(target.rstrip("/") + "/"), (name, target, jars_dir)
             assert _env(services[name]).get("SLUICE_JARS_DIR", jars_dir) == jars_dir, name
     assert len(jar_dirs) == 1, jar_dirs
+
+
+def test_the_drivers_image_fetches_the_s3a_jars_for_a_lake_in_the_bucket(compose: dict[str, Any]) -> None:
+    """The drivers run in the Airflow image (LocalExecutor, client mode); a session for an s3:// lake asks for
+    jars.lock's `s3` set (the s3a file system) besides `delta`, so the image fetches both at build time."""
+    from sluice.core.jars import locked
+
+    assert _env(_services(compose)["airflow-scheduler"])["SLUICE_LAKE"].startswith("s3://")
+    fetches = [
+        command
+        for keyword, rest in _instructions(REPO / "docker/airflow/Dockerfile")
+        if keyword == "RUN"
+        for command in _shell_commands(rest)
+        if command[:1] in (["python3"], ["python"]) and command[2:3] == ["fetch"]
+    ]
+    assert len(fetches) == 1, fetches
+    sets = {fetches[0][i + 1] for i, token in enumerate(fetches[0]) if token == "--set"}
+    assert sets >= {"delta", "s3"}, fetches[0]
+    assert locked(["s3"]), "jars.lock has no s3 set"
 
 
 def test_the_locked_delta_jars_match_the_pinned_spark_and_delta_spark() -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,6 +22,7 @@ import pyspark
 import pytest
 from deltalake import DeltaTable
 
+from sluice.platform.processes import free_port
 from sluice_tools.generate import GenerateOptions, generate
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -32,12 +32,6 @@ VENV_BIN = Path(sys.executable).parent
 SPARK_CLASS = Path(pyspark.__file__).parent / "bin" / "spark-class"
 START = datetime(2024, 5, 1, tzinfo=UTC)
 PIPELINE = "user_activity_hourly"
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _get_json(url: str) -> Any:
@@ -85,7 +79,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     root = tmp_path_factory.mktemp("spark-standalone")
     logs = root / "logs"
     logs.mkdir()
-    port, ui_port, worker_ui_port = _free_port(), _free_port(), _free_port()
+    port, ui_port, worker_ui_port = free_port(), free_port(), free_port()
     env = {
         **os.environ,
         "SPARK_LOCAL_IP": "127.0.0.1",

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Entrypoint of the sluice Spark image (spark-master, spark-worker), run under tini.
+# Entrypoint of the sluice Spark image (spark-master, spark-worker-1, spark-worker-2), run under tini.
 set -eu
 
 # Arbitrary uid support (docker-compose runs this image as ${AIRFLOW_UID}:0, like the Airflow
@@ -10,9 +10,8 @@ if ! whoami >/dev/null 2>&1 && [ -w /etc/passwd ]; then
     echo "sluice:x:$(id -u):0:sluice:/home/sluice:/bin/sh" >> /etc/passwd
 fi
 
-# Same umask as the Airflow image's entrypoint: everything created on the shared lake volume stays
-# writable by group 0, so drivers (Airflow containers) and executors (here) can share files even when
-# their uids differ.
+# Same umask as the Airflow image's entrypoint: files the daemons create (work folders, logs) stay
+# writable by group 0 whatever the uid.
 umask 0002
 
 exec "$@"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,15 +14,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.platform.processes import free_port as free_port  # the tests import it from here
+
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # no proxy between the test and 127.0.0.1
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def sqlite_metadata_db(airflow_home: Path) -> dict[str, str]:

@@ -1,5 +1,5 @@
 """A real S3 server on 127.0.0.1 for the tests of a lake and a landing zone on object storage: s3proxy 4.x
-(``jars.lock``'s s3proxy set, fetched by ``make setup``) with its filesystem backend, started on a free port
+(``sluice.platform.s3server``, the platform's S3 server) with its filesystem backend, started on a free port
 with a fixed identity and SigV4 authentication, and stopped with its process group.
 
 No S3 mock: clients (delta-rs, s3a, boto3) talk HTTP to a server that stores objects on disk and implements
@@ -23,8 +23,8 @@ from typing import Any
 
 import pytest
 
-from sluice.core.jars import jar_paths
-from support.airflow_servers import free_port
+from sluice.platform.processes import free_port
+from sluice.platform.s3server import s3proxy_command
 
 ACCESS_KEY = "sluice-test"
 SECRET_KEY = "sluice-test-secret"  # a test server's key on loopback, not a secret
@@ -69,23 +69,11 @@ class S3Server:
 
 
 def start_s3proxy(root: Path) -> S3Server:
-    (jar,) = jar_paths(("s3proxy",))
     port = free_port()
-    data = root / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    properties = root / "s3proxy.properties"
-    properties.write_text("\n".join([
-        f"s3proxy.endpoint=http://127.0.0.1:{port}",
-        "s3proxy.authorization=aws-v2-or-v4",
-        f"s3proxy.identity={ACCESS_KEY}",
-        f"s3proxy.credential={SECRET_KEY}",
-        "jclouds.provider=filesystem",
-        f"jclouds.filesystem.basedir={data}",
-        f"jclouds.regions={REGION}",
-    ]) + "\n")
     log = (root / "s3proxy.log").open("wb")
-    process = subprocess.Popen(["java", "-jar", str(jar), "--properties", str(properties)], stdout=log,
+    process = subprocess.Popen(s3proxy_command(root, port, ACCESS_KEY, SECRET_KEY, REGION), stdout=log,
                                stderr=subprocess.STDOUT, start_new_session=True)
+    data = root / "data"
     server = S3Server(f"http://127.0.0.1:{port}", data, process)
     deadline = time.monotonic() + START_TIMEOUT_S
     while True:

@@ -1,0 +1,5 @@
+import sys
+
+from sluice.platform.launcher import main
+
+sys.exit(main())
