@@ -20,13 +20,12 @@ from datetime import datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
-from deltalake import DeltaTable
 
 from sluice.cli.report import accounting_table, render_table
 from sluice.cli.status import ledger_summary
 from sluice.config import Settings
 from sluice.quality.site import docs_site
-from sluice.storage import tables
+from sluice.storage import snapshots, tables
 from sluice.storage.ledger import read_ledger
 
 log = logging.getLogger("sluice.demo")
@@ -70,10 +69,10 @@ def _arrive(incoming: Path, landing: Path, now: datetime) -> int:
 def _gold_summary(settings: Settings) -> str:
     out = []
     for name in ("ad_clicks_hourly", "unmatched_clicks_hourly", "user_activity_hourly"):
-        path = settings.lake.table(f"gold/{name}")
-        if not DeltaTable.is_deltatable(str(path)):
+        table = snapshots.open_table(str(settings.lake.table(f"gold/{name}")))
+        if table is None:
             continue
-        data = pa.table(DeltaTable(str(path)).to_pyarrow_table()).to_pandas()
+        data = pa.table(table.to_pyarrow_table()).to_pandas()
         if data.empty:
             out.append(f"gold/{name}: empty")
             continue
@@ -89,9 +88,9 @@ def _gold_summary(settings: Settings) -> str:
 
 def _dq_summary(settings: Settings) -> str:
     lines = [ledger_summary(settings)]
-    alerts_path = tables.ALERTS.path(settings)
-    if DeltaTable.is_deltatable(str(alerts_path)):
-        alerts = pa.table(DeltaTable(str(alerts_path)).to_pyarrow_table()).to_pylist()
+    alerts_table = snapshots.open_table(tables.ALERTS.path(settings))
+    if alerts_table is not None:
+        alerts = pa.table(alerts_table.to_pyarrow_table()).to_pylist()
         lines.append(f"\nalerts raised: {len(alerts)}")
         lines += [f"  {a['message']}  [{a['channels'] or 'no channel configured'}]" for a in alerts[:10]]
     failed = [r for r in read_ledger(settings) if r.state == "failed"]
@@ -99,6 +98,13 @@ def _dq_summary(settings: Settings) -> str:
         lines.append(f"failed windows: {len(failed)} (see `sluice status`)")
     lines.append(f"Data Docs: {docs_site(settings).root.join('index.html')}")
     return "\n".join(lines)
+
+
+def summary(settings: Settings) -> str:
+    """Where every record went, the gold tables, the windows and their data quality, read from the lake
+    (local or in a bucket): the end of ``make run`` and of ``make platform-demo``."""
+    return "\n".join(["where every record went:", accounting_table(settings, list(settings.streams)), "",
+                      _gold_summary(settings), "", "windows and data quality:", _dq_summary(settings)])
 
 
 def run_demo(settings: Settings) -> int:
@@ -147,11 +153,7 @@ def run_demo(settings: Settings) -> int:
           f"{'success' if code == 0 else 'FAILED'}  ({secs:.0f}s, log {log_file})", flush=True)
 
     print("\n[4/4] what happened\n")
-    print("where every record went:")
-    print(accounting_table(settings, list(settings.streams)), "\n")
-    print(_gold_summary(settings), "\n")
-    print("windows and data quality:")
-    print(_dq_summary(settings))
+    print(summary(settings))
     print(f"\nNext: `sluice status`, open the Data Docs, or `make airflow` for the UI. Pipelines: "
           f"{', '.join(sorted(settings.registry.pipelines))}.")
     return worst

@@ -1,0 +1,244 @@
+"""``make platform``, ``make platform-demo`` and ``make platform-down`` (SPEC section 7, Make targets): the
+production topology on 127.0.0.1 from the project's own files. PostgreSQL holds Airflow's metadata, s3proxy
+holds the lake and the landing zone, a Spark master has its 2 workers, and Airflow's api-server, scheduler and
+dag-processor share one configuration.
+
+The test starts it as a user does and checks each part through its own interface (SQL, S3, the master's JSON,
+Airflow's REST API with and without a login). It then drives a few generated hours through the scheduler
+(``make platform-demo``): the runs' states come from the REST API, the applications from the master, and the
+gold tables in the bucket must equal those of a local ``sluice run`` of the same files, arrived at the same
+times. Last, it stops the platform and finds no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+
+from sluice.platform.launcher import Platform
+from sluice.platform.topology import TOPOLOGY
+
+pytestmark = [pytest.mark.slow]
+
+REPO = Path(__file__).resolve().parents[2]
+DEMO_HOURS = 3
+
+
+def _make(target: str, root: Path, timeout: float = 900, **variables: str) -> subprocess.CompletedProcess[str]:
+    # A user's shell: nothing of the suite's own Airflow or sluice settings.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_", "AWS_"))}
+    args = [f"{k}={v}" for k, v in {"PLATFORM_DIR": str(root), **variables}.items()]
+    return subprocess.run(["make", "--no-print-directory", target, *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _recorded(root: Path) -> dict[str, psutil.Process]:
+    platform = Platform(root).load()
+    found = {}
+    for name in TOPOLOGY.services:
+        running = platform.daemon(name).running()  # the recorded process, if it is still that one
+        if running is not None:
+            found[name] = running[0]
+    return found
+
+
+def _left_behind(root: Path, before: dict[str, psutil.Process]) -> list[str]:
+    """Processes of the platform still running: a recorded one, or anything whose command line names the folder."""
+    left = [f"{name} (pid {p.pid})" for name, p in before.items() if p.is_running()
+            and p.status() != psutil.STATUS_ZOMBIE]
+    for p in psutil.process_iter(["pid", "cmdline", "status"]):
+        if p.info["status"] != psutil.STATUS_ZOMBIE and str(root) in " ".join(p.info["cmdline"] or []):
+            left.append(f"{' '.join(p.info['cmdline'])[:200]} (pid {p.pid})")
+    return left
+
+
+@pytest.fixture
+def platform_dir() -> Iterator[Path]:
+    # PostgreSQL runs as its own user when the suite runs as root: it must be able to reach its folder, and
+    # pytest's tmp_path is private to root.
+    root = Path(tempfile.mkdtemp(prefix="sluice-platform-"))
+    root.chmod(0o755)
+    yield root
+    _make("platform-down", root, timeout=300)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(3000)
+def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothing(
+    platform_dir: Path, tmp_path: Path
+) -> None:
+    up = _make("platform", platform_dir)
+    assert up.returncode == 0, f"{up.stdout[-4000:]}\n{up.stderr[-6000:]}"
+    platform = Platform(platform_dir).load()
+    # It says where the UI is, how to log in and how to land files.
+    assert platform.api_url in up.stdout and f"admin / {platform.secret('admin')}" in up.stdout, up.stdout
+    assert "s3://sluice/landing" in up.stdout and "make platform-down" in up.stdout
+
+    running = _recorded(platform_dir)
+    assert sorted(running) == sorted(TOPOLOGY.services), running
+
+    # PostgreSQL is Airflow's metadata database.
+    import psycopg2
+
+    with psycopg2.connect(host="127.0.0.1", port=platform.port("postgres"), dbname="airflow", user="airflow",
+                          password=platform.secret("postgres")) as db, db.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM dag")
+        (dags,) = cursor.fetchone()  # type: ignore[misc]
+    assert dags >= 1, "the dag-processor put no DAG into PostgreSQL"
+
+    # The bucket of the lake and the landing zone.
+    import boto3
+    from botocore.config import Config
+
+    env = platform.env()
+    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
+                      config=Config(s3={"addressing_style": "path"}))
+    assert TOPOLOGY.bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+    # The master has its workers, one core and 2 GB each, each with a work folder of its own.
+    workers = platform.alive_workers()
+    assert len(workers) == TOPOLOGY.spark_workers, workers
+    assert {(w["cores"], w["memory"]) for w in workers} == {(1, 2048)}, workers
+
+    # Airflow: healthy, on PostgreSQL; the ledger page answers a logged-in user, and no one else.
+    with httpx.Client(base_url=platform.api_url, trust_env=False, timeout=60) as http:
+        health = http.get("/api/v2/monitor/health").json()
+        assert {part: health[part]["status"] for part in ("metadatabase", "scheduler", "dag_processor")} == \
+            dict.fromkeys(("metadatabase", "scheduler", "dag_processor"), "healthy"), health
+        assert http.get("/sluice/ledger").status_code == 401
+        login = http.post("/auth/token", json={"username": "admin", "password": platform.secret("admin")})
+        assert login.status_code == 201, login.text
+        auth = {"Authorization": f"Bearer {login.json()['access_token']}"}
+        assert http.get("/sluice/ledger", headers=auth).status_code == 200
+        dags = {d["dag_id"] for d in http.get("/api/v2/dags", headers=auth).json()["dags"]}
+        assert {"ad_clicks_hourly", "user_activity_hourly", "sluice_backfill", "sluice_maintenance"} <= dags, dags
+
+    apps_before = {a["id"] for a in _master(platform)["completedapps"]}
+    demo = _make("platform-demo", platform_dir, timeout=2400, DEMO_HOURS=str(DEMO_HOURS), DEMO_SLICES="2")
+    assert demo.returncode in (0, 2), f"{demo.stdout[-6000:]}\n{demo.stderr[-6000:]}"
+    assert "where every record went:" in demo.stdout and "windows and data quality:" in demo.stdout, demo.stdout
+    _check_the_demo(platform, demo.stdout, apps_before, tmp_path)
+
+    # A second `make platform` finds it running and starts nothing twice.
+    again = _make("platform", platform_dir)
+    assert again.returncode == 0, again.stderr[-4000:]
+    assert {n: p.pid for n, p in _recorded(platform_dir).items()} == {n: p.pid for n, p in running.items()}
+
+    down = _make("platform-down", platform_dir, timeout=300)
+    assert down.returncode == 0, down.stderr[-4000:]
+    assert all(name in down.stdout for name in TOPOLOGY.services), down.stdout
+    assert not _left_behind(platform_dir, running), _left_behind(platform_dir, running)
+    assert _recorded(platform_dir) == {}
+
+
+def _master(platform: Platform) -> dict[str, Any]:
+    with httpx.Client(trust_env=False, timeout=30) as http:
+        return dict(http.get(f"{platform.master_ui}/json/").json())
+
+
+def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_path: Path) -> None:
+    from sluice_tools.platform_demo import Api
+
+    api = Api(platform)
+    pipelines = ("ad_clicks_hourly", "user_activity_hourly")
+    # The scheduler ran the runs: every manual and backfill run finished, and each one's Spark task succeeded
+    # (a run may still fail on purpose: send_alerts fails it when a window failed its checks).
+    manual = 0
+    for dag_id in pipelines:
+        runs = api.runs(dag_id)
+        kinds = [r["run_type"] for r in runs]
+        assert kinds.count("manual") >= (3 if dag_id == "user_activity_hourly" else 2), kinds
+        manual += kinds.count("manual")
+        if dag_id == "ad_clicks_hourly":
+            assert "backfill" in kinds, kinds
+        for run in runs:
+            if run["run_type"] == "scheduled" and run["state"] not in ("success", "failed"):
+                continue  # the scheduler's own runs go on while the demo ends
+            tasks = api.task_states(dag_id, run["dag_run_id"])
+            assert run["state"] in ("success", "failed") and "failed" not in {
+                tasks.get("choose_path"), tasks.get("run_cycle"), tasks.get("reprocess_interval"),
+                tasks.get("check_quality")}, (dag_id, run, tasks)
+    # On the cluster: (at least) one application per manual run's cycle, each finished.
+    apps = [a for a in _master(platform)["completedapps"] if a["id"] not in apps_before]
+    assert len(apps) >= manual and all(a["state"] == "FINISHED" for a in apps), (manual, apps)
+    # The executors wrote to the bucket: no table file on a local disk of the platform.
+    assert re.search(r"tables: [1-9][0-9]* Parquet objects in s3://sluice/lake; 0 on the local disks", stdout), stdout
+    # The late file was corrected by the next run, by itself.
+    from sluice.config import load_settings
+    from sluice.storage.ledger import read_ledger
+
+    env = platform.env()
+    s3_settings = load_settings(env, home=Path(env["SLUICE_HOME"]))
+    corrected = [r for r in read_ledger(s3_settings, "user_activity_hourly") if r.state == "reprocessed"]
+    assert corrected, [(r.window_start, r.state) for r in read_ledger(s3_settings, "user_activity_hourly")]
+
+    # The same files, arrived at the same times, in a local home, through the same steps: the same gold tables.
+    local = _local_reference(platform, tmp_path)
+    for table in ("gold/ad_clicks_hourly", "gold/unmatched_clicks_hourly", "gold/user_activity_hourly"):
+        assert _rows(s3_settings, table) == _rows(local, table), table
+
+
+def _local_reference(platform: Platform, tmp_path: Path) -> Any:
+    """The demo's steps (its ``steps.json``) replayed on a local home: the same objects, as files whose
+    modification time is the object's ``LastModified``, landed in the same parts, each followed by a ``sluice
+    run`` of each pipeline at the clock of the DAG run it stands for; the backfill through ``sluice backfill``."""
+    import boto3
+    from botocore.config import Config
+
+    from sluice.config import load_settings
+
+    env = platform.aws_env()
+    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
+                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
+                          config=Config(s3={"addressing_style": "path"}))
+    (steps_file,) = (platform.root / "demo").glob("*/steps.json")
+    home = tmp_path / "local-home"
+    home.mkdir()
+    shutil.copy(Path(platform.env()["SLUICE_HOME"]) / "sluice.yaml", home / "sluice.yaml")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_", "AWS_"))}
+    base.update({"SLUICE_HOME": str(home), "PYSPARK_PYTHON": sys.executable})
+    sluice = str(Path(sys.executable).parent / "sluice")
+
+    def command(now: str, *args: str) -> None:
+        done = subprocess.run([sluice, *args], env={**base, "SLUICE_NOW": now}, cwd=REPO, capture_output=True,
+                              text=True, timeout=900, check=False)
+        assert done.returncode in (0, 2), f"sluice {' '.join(args)}: {done.stderr[-4000:]}"
+
+    now = ""
+    for step in json.loads(steps_file.read_text()):
+        for key in step.get("landed", []):
+            target = home / "landing" / key.removeprefix(f"{TOPOLOGY.landing_prefix}/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(client.get_object(Bucket=TOPOLOGY.bucket, Key=key)["Body"].read())
+            arrival = client.head_object(Bucket=TOPOLOGY.bucket, Key=key)["LastModified"].timestamp()
+            os.utime(target, (arrival, arrival))
+        for run in step.get("runs", []):
+            now = run["now"]
+            command(now, "run", run["dag_id"])
+        if "backfill" in step:
+            backfill = step["backfill"]
+            command(now, "backfill", backfill["dag_id"], "--start", backfill["start"], "--end", backfill["end"],
+                    *(["--include-late"] if backfill["include_late"] else []))
+    return load_settings({}, home=home)
+
+
+def _rows(settings: Any, table: str) -> list[tuple[str, ...]]:
+    from sluice.storage import snapshots
+
+    uri = str(settings.lake.table(table))
+    data = snapshots.open_table(uri)
+    assert data is not None, uri
+    return sorted(tuple(str(v) for v in row.values()) for row in data.to_pyarrow_table().to_pylist())
