@@ -349,6 +349,8 @@ def test_spark_defaults_fit_the_topologys_workers() -> None:
     executors = TOPOLOGY.spark_workers * (TOPOLOGY.worker_cores // executor_cores)
     per_application = int(conf["spark.cores.max"]) // executor_cores
     assert per_application >= 1 and executors // per_application >= 2, (conf, TOPOLOGY)
+    # The same share per application as make platform's master gives (spark.deploy.defaultCores).
+    assert int(conf["spark.cores.max"]) == TOPOLOGY.app_cores, (conf, TOPOLOGY.master_options())
 
 
 # -- services -----------------------------------------------------------------------------------------
