@@ -86,9 +86,11 @@ lint: setup
 # The production topology on 127.0.0.1 (README, "The platform"): PostgreSQL, an S3 server holding the landing
 # zone and the lake, a Spark master and 2 workers, Airflow's api-server, scheduler and dag-processor, all under
 # PLATFORM_DIR. platform-down stops, by pid, what platform started.
+# PLATFORM_ARGS=--no-schedules: the scheduler runs only triggered and backfill runs.
 PLATFORM_DIR ?= $(CURDIR)/.platform
+PLATFORM_ARGS ?=
 platform: setup
-	$(BIN)/python -m sluice.platform up --root $(PLATFORM_DIR)
+	$(BIN)/python -m sluice.platform up --root $(PLATFORM_DIR) $(PLATFORM_ARGS)
 
 platform-down:
 	$(BIN)/python -m sluice.platform down --root $(PLATFORM_DIR)

@@ -58,6 +58,9 @@ class Platform:
     root: Path
     topology: Topology = TOPOLOGY
     state: dict[str, Any] = field(default_factory=dict)
+    # False: the scheduler creates no runs from the DAGs' schedules; it still runs every triggered and
+    # backfill run (a test that drives the runs itself, and wants only those).
+    schedules: bool = True
 
     # ----------------------------------------------------------------------------------- state and env
     @property
@@ -136,6 +139,7 @@ class Platform:
             # The scheduler signs the tasks' tokens and the api-server checks them: one secret for both.
             "AIRFLOW__API_AUTH__JWT_SECRET": self.secret("jwt"),
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port("log_server")),
+            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(self.schedules),
             # The pipeline DAGs' Spark tasks go to the cluster (SPEC section 7: spark_default when defined).
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
                                                       "port": self.port("spark_master"),
@@ -350,8 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=("up", "down", "env"))
     parser.add_argument("--root", default=os.environ.get("PLATFORM_DIR", ".platform"),
                         help="the platform's folder (default: $PLATFORM_DIR or .platform)")
+    parser.add_argument("--no-schedules", action="store_true",
+                        help="up: the scheduler runs only triggered and backfill runs, none from the schedules")
     args = parser.parse_args(argv)
-    platform = Platform(Path(args.root).resolve())
+    platform = Platform(Path(args.root).resolve(), schedules=not args.no_schedules)
     if args.command == "down":
         stopped = platform.down()
         print(f"stopped: {', '.join(stopped)}" if stopped else "nothing of the platform was running")
