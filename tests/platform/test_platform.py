@@ -102,13 +102,7 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     assert dags >= 1, "the dag-processor put no DAG into PostgreSQL"
 
     # The bucket of the lake and the landing zone.
-    import boto3
-    from botocore.config import Config
-
-    env = platform.env()
-    s3 = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                      aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
-                      config=Config(s3={"addressing_style": "path"}))
+    s3 = platform.s3_client()
     assert TOPOLOGY.bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}
 
     # The master has its workers, one core and 2 GB each, each with a work folder of its own.
@@ -129,7 +123,7 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
         dags = {d["dag_id"] for d in http.get("/api/v2/dags", headers=auth).json()["dags"]}
         assert {"ad_clicks_hourly", "user_activity_hourly", "sluice_backfill", "sluice_maintenance"} <= dags, dags
 
-    apps_before = {a["id"] for a in _master(platform)["completedapps"]}
+    apps_before = {a["id"] for a in platform.master_state()["completedapps"]}
     demo = _make("platform-demo", platform_dir, timeout=2400, DEMO_HOURS=str(DEMO_HOURS), DEMO_SLICES="2")
     assert demo.returncode in (0, 2), f"{demo.stdout[-6000:]}\n{demo.stderr[-6000:]}"
     assert "where every record went:" in demo.stdout and "windows and data quality:" in demo.stdout, demo.stdout
@@ -145,11 +139,6 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     assert all(name in down.stdout for name in TOPOLOGY.services), down.stdout
     assert not _left_behind(platform_dir, running), _left_behind(platform_dir, running)
     assert _recorded(platform_dir) == {}
-
-
-def _master(platform: Platform) -> dict[str, Any]:
-    with httpx.Client(trust_env=False, timeout=30) as http:
-        return dict(http.get(f"{platform.master_ui}/json/").json())
 
 
 def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_path: Path) -> None:
@@ -181,7 +170,7 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     # On the cluster, one application per DAG run that has work (issue 13): its cycle or its backfill, which
     # also validates the windows it closed; check_quality finds none left and starts no Spark. (Read after
     # the runs: a run still going may have finished its application already.)
-    apps = [a for a in _master(platform)["completedapps"] if a["id"] not in apps_before]
+    apps = [a for a in platform.master_state()["completedapps"] if a["id"] not in apps_before]
     assert with_work <= len(apps) <= with_work + in_flight, (with_work, in_flight, apps)
     assert all(a["state"] == "FINISHED" and a["cores"] == TOPOLOGY.app_cores for a in apps), apps
     # The executors wrote to the bucket: no table file on a local disk of the platform.
@@ -205,15 +194,9 @@ def _local_reference(platform: Platform, tmp_path: Path) -> Any:
     """The demo's steps (its ``steps.json``) replayed on a local home: the same objects, as files whose
     modification time is the object's ``LastModified``, landed in the same parts, each followed by a ``sluice
     run`` of each pipeline at the clock of the DAG run it stands for; the backfill through ``sluice backfill``."""
-    import boto3
-    from botocore.config import Config
-
     from sluice.config import load_settings
 
-    env = platform.aws_env()
-    client = boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                          aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
-                          config=Config(s3={"addressing_style": "path"}))
+    client = platform.s3_client()
     (steps_file,) = (platform.root / "demo").glob("*/steps.json")
     home = tmp_path / "local-home"
     home.mkdir()

@@ -99,16 +99,6 @@ class Api:
         return {t["task_id"]: str(t["state"]) for t in items}
 
 
-def _s3(platform: Platform) -> Any:
-    import boto3
-    from botocore.config import Config
-
-    env = platform.aws_env()
-    return boto3.client("s3", endpoint_url=env["AWS_ENDPOINT_URL"], aws_access_key_id=env["AWS_ACCESS_KEY_ID"],
-                        aws_secret_access_key=env["AWS_SECRET_ACCESS_KEY"], region_name=env["AWS_REGION"],
-                        config=Config(s3={"addressing_style": "path"}))
-
-
 def _land(client: Any, files: Sequence[Path], staged: Path) -> list[str]:
     """Upload ``files`` in arrival order, each object whole in one PUT, as producers do; their keys."""
     keys = []
@@ -159,7 +149,7 @@ def run(platform: Platform, hours: float, slices: int) -> int:
         "# make platform-demo: late data corrects closed windows by itself\npipelines:\n"
         + "".join(f"  {name}: {{corrections: auto}}\n" for name in pipelines))
     settings = load_settings()
-    client = _s3(platform)
+    client = platform.s3_client()
     api = Api(platform)
 
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)

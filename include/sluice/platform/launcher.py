@@ -35,9 +35,8 @@ _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # nothin
 S3_ACCESS_KEY = "sluice-platform"
 
 
-def _get_json(url: str, headers: dict[str, str] | None = None) -> Any:
-    request = urllib.request.Request(url, headers=headers or {})
-    with _DIRECT.open(request, timeout=10) as response:
+def _get_json(url: str) -> Any:
+    with _DIRECT.open(url, timeout=10) as response:
         return json.loads(response.read())
 
 
@@ -109,6 +108,15 @@ class Platform:
         return {"AWS_ENDPOINT_URL": self.s3_endpoint, "AWS_ACCESS_KEY_ID": S3_ACCESS_KEY,
                 "AWS_SECRET_ACCESS_KEY": self.secret("s3"), "AWS_REGION": self.topology.region,
                 "AWS_ALLOW_HTTP": "true"}
+
+    def s3_client(self) -> Any:
+        """A boto3 client of the platform's S3 server (path-style, as a server on loopback needs)."""
+        import boto3
+        from botocore.config import Config
+
+        return boto3.client("s3", endpoint_url=self.s3_endpoint, aws_access_key_id=S3_ACCESS_KEY,
+                            aws_secret_access_key=self.secret("s3"), region_name=self.topology.region,
+                            config=Config(s3={"addressing_style": "path"}))
 
     def env(self) -> dict[str, str]:
         """What the Airflow components, their tasks and a user's shell against the platform share."""
@@ -209,12 +217,7 @@ class Platform:
             daemon.spawn(s3proxy_command(self.root / "s3", self.port("s3"), S3_ACCESS_KEY, self.secret("s3"),
                                          self.topology.region), os.environ)
             wait_until(lambda: listening(self.port("s3")), daemon, "S3 endpoint")
-        import boto3
-        from botocore.config import Config
-
-        client = boto3.client("s3", endpoint_url=self.s3_endpoint, aws_access_key_id=S3_ACCESS_KEY,
-                              aws_secret_access_key=self.secret("s3"), region_name=self.topology.region,
-                              config=Config(s3={"addressing_style": "path"}))
+        client = self.s3_client()
         if self.topology.bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
             client.create_bucket(Bucket=self.topology.bucket)
 
@@ -259,9 +262,13 @@ class Platform:
         wait_until(lambda: len(self.alive_workers()) >= self.topology.spark_workers, master,
                    f"{self.topology.spark_workers} workers registered", timeout=240)
 
+    def master_state(self) -> dict[str, Any]:
+        """The standalone master's JSON status: its workers, active and completed applications."""
+        return dict(_get_json(f"{self.master_ui}/json/"))
+
     def alive_workers(self) -> list[dict[str, Any]]:
         try:
-            workers = _get_json(f"{self.master_ui}/json/").get("workers", [])
+            workers = self.master_state().get("workers", [])
         except OSError:
             return []
         return [w for w in workers if w.get("state") == "ALIVE"]
