@@ -13,7 +13,6 @@ from __future__ import annotations
 import itertools
 import os
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -23,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from sluice.platform.processes import free_port
+from sluice.platform.processes import free_port, listening
 from sluice.platform.s3server import s3proxy_command
 
 ACCESS_KEY = "sluice-test"
@@ -80,14 +79,12 @@ def start_s3proxy(root: Path) -> S3Server:
         if process.poll() is not None:
             output = (root / 's3proxy.log').read_text()[-3000:]
             raise RuntimeError(f"s3proxy exited with {process.returncode}: {output}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline:
-                server.stop()
-                raise RuntimeError(f"s3proxy did not listen on {port} within {START_TIMEOUT_S} s") from None
-            time.sleep(0.2)
+        if listening(port):
+            break
+        if time.monotonic() > deadline:
+            server.stop()
+            raise RuntimeError(f"s3proxy did not listen on {port} within {START_TIMEOUT_S} s")
+        time.sleep(0.2)
     return server
 
 

@@ -79,9 +79,7 @@ class Daemon:
         saved = json.loads(self.record.read_text())
         try:
             process = psutil.Process(int(saved["pid"]))
-            if abs(process.create_time() - float(saved["started"])) > 1 or not process.is_running():
-                return None
-            if process.status() == psutil.STATUS_ZOMBIE:
+            if abs(process.create_time() - float(saved["started"])) > 1 or process.status() == psutil.STATUS_ZOMBIE:
                 return None
         except psutil.Error:
             return None
