@@ -23,7 +23,8 @@ FIRST_PARTY = {"sluice", "sluice_tools"}
 # Shipped packages: sluice (include/) and sluice_tools (tools/, the generator and demo `sluice` runs).
 SOURCES = [REPO / "include" / "sluice", REPO / "tools" / "sluice_tools"]
 # Imported only by modules that need the `airflow` extra (the DAG factory, notifiers, the plugin's page).
-AIRFLOW_EXTRA_MODULES = ("sluice/airflow/", "sluice/alerting/")
+# The platform demo drives Airflow's scheduler (its REST API, `airflow backfill create`): it needs the extra.
+AIRFLOW_EXTRA_MODULES = ("sluice/airflow/", "sluice/alerting/", "sluice_tools/platform_demo.py")
 
 
 def _normalize(name: str) -> str:

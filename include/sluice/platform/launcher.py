@@ -346,10 +346,10 @@ class Platform:
             f"  PostgreSQL      127.0.0.1:{self.port('postgres')}   database {self.topology.database}",
             "",
             f"Commands against it (airflow, sluice status, any S3 client): source {env_sh}",
-            "Land files with any S3 client, one folder per stream, e.g.:",
-            f"  aws --endpoint-url $AWS_ENDPOINT_URL s3 cp clicks-0900.jsonl {self.topology.landing}/clicks/",
+            "Land files with any S3 client, one folder per stream (`sluice pipelines` lists the streams), e.g.:",
+            f"  aws --endpoint-url $AWS_ENDPOINT_URL s3 cp <file>.jsonl {self.topology.landing}/<stream>/",
             "Run a pipeline through the scheduler:",
-            "  airflow dags unpause ad_clicks_hourly && airflow dags trigger ad_clicks_hourly",
+            "  airflow dags unpause <pipeline> && airflow dags trigger <pipeline>",
             f"Logs: {self.root / 'logs'}      Stop: make platform-down",
         ])
 
