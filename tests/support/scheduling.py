@@ -11,6 +11,10 @@ once per worker. An ``xdist_group`` mark sets a unit by hand.
 The costs come from ``durations.json`` beside this file (seconds per test, setup and teardown included),
 recorded by a run with ``SLUICE_RECORD_DURATIONS=<file>``. A test that is not in it yet is guessed from its
 markers. A stale file only changes the order, never what runs or what passes.
+
+xdist learns a test's group from a suffix on its node id, which pytest 9.2 no longer lets it write
+(pytest-dev/pytest-xdist#1386): the lock keeps pytest below 9.2, and tests/test_suite_scheduling.py fails when the
+groups stop holding.
 """
 
 from __future__ import annotations
