@@ -16,14 +16,16 @@ os.environ["AIRFLOW__CORE__DAGS_FOLDER"] = str(_REPO / "dags")
 os.environ["AIRFLOW__CORE__PLUGINS_FOLDER"] = str(_REPO / "plugins")
 os.environ["AIRFLOW__CORE__LOAD_EXAMPLES"] = "False"
 os.environ.setdefault("TZ", "UTC")
-# Every Spark driver the suite starts (each worker's session, every sluice and spark-submit process of a test;
-# spark-submit adds SPARK_SUBMIT_OPTS to the driver's Java options) compiles with C1 only and collects with one GC
-# thread. A test's JVM lives seconds to minutes on tiny data, on 2 cores shared by two workers: C2's compiler
-# threads cost more CPU than its code saves (an incremental cycle: 32 s -> 26 s alone, 62 s -> 38 s for two at
-# once). Neither changes what a job computes. (Not through SPARK_CONF_DIR: Spark puts that folder on the class
-# path, which no longer matches the class-data archive's, and the JVM then drops the archive silently.) sluice
-# itself keeps the JVM's defaults: a catch-up of millions of events runs long enough for C2 to pay.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# The Spark drivers a test starts in a process of its own (sluice, spark-submit; spark-submit adds
+# SPARK_SUBMIT_OPTS to the driver's Java options) compile with C1 only and collect with one GC thread: they live
+# seconds to minutes on tiny data, on 2 cores shared by two workers, and C2's compiler threads cost more CPU than
+# its code saves (an incremental cycle: 32 s -> 26 s alone, 62 s -> 38 s for two at once). Neither changes what a
+# job computes. Not the workers' own sessions (the spark fixture), which run for the whole suite: C2 pays there
+# (two randomized streaming tests: 119 s, 134 s with C1). Not through SPARK_CONF_DIR either: Spark puts that
+# folder on the class path, which then no longer matches the class-data archive's, and the JVM drops the archive
+# silently. sluice itself keeps the JVM's defaults.
+SUBPROCESS_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+os.environ.setdefault("SPARK_SUBMIT_OPTS", SUBPROCESS_JVM_OPTIONS)
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -77,7 +79,14 @@ def _forget_the_delta_tables_of_earlier_tests() -> Iterator[None]:
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     home = tmp_path_factory.mktemp("spark-home")
     settings = load_settings({}, home=home)
-    session = get_spark(settings, "sluice-tests", master="local[2]")
+    ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_JVM_OPTIONS
+    if ours:  # this JVM runs for the whole suite: the JVM's own defaults (see SUBPROCESS_JVM_OPTIONS)
+        del os.environ["SPARK_SUBMIT_OPTS"]
+    try:
+        session = get_spark(settings, "sluice-tests", master="local[2]")
+    finally:
+        if ours:
+            os.environ["SPARK_SUBMIT_OPTS"] = SUBPROCESS_JVM_OPTIONS
     session.conf.set("spark.sql.shuffle.partitions", "2")
     yield session
     session.stop()
