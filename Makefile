@@ -16,7 +16,7 @@ export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: class-data setup run test test-fast lint bench bench-smoke clean java-check chromium-check airflow \
+.PHONY: class-data setup run test test-fast lint bench bench-cluster bench-smoke clean java-check chromium-check airflow \
 	postgres-check platform platform-down platform-demo
 
 java-check:
@@ -104,6 +104,11 @@ platform-demo: setup
 
 bench: setup
 	$(BIN)/python bench/run.py $(ARGS)
+
+# sluice beside the bare Spark job on make platform's 2-worker cluster, 1M and 10M events, landing and lake on
+# S3 (bench/cluster.py; starts the platform when it is not running). ARGS: e.g. --sizes 20000,200000.
+bench-cluster: platform
+	$(BIN)/python bench/cluster.py --platform-dir $(PLATFORM_DIR) $(ARGS)
 
 bench-smoke: setup
 	$(BIN)/python bench/run.py --smoke

@@ -33,8 +33,9 @@ from _common import (
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--landing", required=True, type=Path)
-    parser.add_argument("--out", required=True, type=Path)
+    # Folders or URIs (s3://bucket/prefix on a cluster: bench/cluster.py).
+    parser.add_argument("--landing", required=True)
+    parser.add_argument("--out", required=True)
     parser.add_argument("--watermark", default="10 minutes")
     add_spark_args(parser)
     args = parser.parse_args()
@@ -45,7 +46,7 @@ def main() -> int:
 
     def impressions():
         return (
-            spark.readStream.schema(schema(IMPRESSION_FIELDS)).json(str(args.landing / "impressions"))
+            spark.readStream.schema(schema(IMPRESSION_FIELDS)).json(f"{args.landing.rstrip('/')}/impressions")
             .select("impression_id", "ad_id", F.try_to_timestamp("event_time").alias("impression_time"))
             .where(F.col("impression_id").isNotNull() & F.col("ad_id").isNotNull()
                    & F.col("impression_time").isNotNull())
@@ -55,7 +56,7 @@ def main() -> int:
 
     def clicks():
         return (
-            spark.readStream.schema(schema(CLICK_FIELDS)).json(str(args.landing / "clicks"))
+            spark.readStream.schema(schema(CLICK_FIELDS)).json(f"{args.landing.rstrip('/')}/clicks")
             .select("click_id", F.col("impression_id").alias("click_impression_id"),
                     F.col("ad_id").alias("click_ad_id"), F.try_to_timestamp("event_time").alias("click_time"))
             .where(F.col("click_id").isNotNull() & F.col("click_impression_id").isNotNull()
@@ -95,8 +96,8 @@ def main() -> int:
         started = time.monotonic()
         query = (
             frame.writeStream.format("delta")
-            .option("path", str(args.out / name))
-            .option("checkpointLocation", str(args.out / "_checkpoints" / name))
+            .option("path", f"{args.out.rstrip('/')}/{name}")
+            .option("checkpointLocation", f"{args.out.rstrip('/')}/_checkpoints/{name}")
             .outputMode("append")
             .trigger(availableNow=True)
             .start()
