@@ -29,6 +29,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict
 from datetime import UTC, datetime, timedelta
@@ -132,7 +133,7 @@ class ClusterBench:
                   stdout_tail=_tail(out) if failed else "", stderr_tail=_tail(err, 40) if failed else "")
         self.runs.append(run)
         log(f"{stage:<14} n={events:<11,} rep={rep} wall={wall:7.1f}s rc={rc}")
-        if rc not in (0, 2):
+        if failed:
             log(f"{stage} failed (rc={rc}):\n{run.stderr_tail}\n{run.stdout_tail}")
         return run
 
@@ -142,7 +143,7 @@ class ClusterBench:
         self.clear(events)
         log(f"n={events:,}: uploading {sum(data.files.values()):,} files ({data.bytes / 1e6:,.0f} MB) to both sides")
         self.upload([f for f in Path(data.landing).glob("*/*") if f.is_file()], events)
-        history = {"lines": data.total_lines, "history_h": data.hours}
+        history = {"lines": data.total_lines, "history_h": data.hours, "size": events}
         self.record("catchup_cycle", events, 0, "sluice", history)
         self.record("catchup_bare", events, 0, "bare", history)
 
@@ -155,7 +156,7 @@ class ClusterBench:
             chosen = span.select(lo, lo + timedelta(minutes=INCREMENT_MINUTES))
             files = [Path(span.landing) / stream / f["name"] for stream, fs in chosen.items() for f in fs]
             self.upload(files, events)
-            details = {"lines": sum(f["lines"] for fs in chosen.values() for f in fs), "increment": i}
+            details = {"lines": sum(f["lines"] for fs in chosen.values() for f in fs), "increment": i, "size": events}
             for side in ("sluice", "bare") if i % 2 == 0 else ("bare", "sluice"):
                 stage = "incr_cycle" if side == "sluice" else "incr_bare"
                 self.record(stage, per_increment, i, side, details)
@@ -187,7 +188,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sizes", default=",".join(map(str, SIZES)),
                         help="impressions per data set, comma-separated (default 1M,10M)")
     parser.add_argument("--increments", type=int, default=8, help="15-min increments after each catch-up")
-    parser.add_argument("--data-dir", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "sluice-bench-data"),
+    parser.add_argument("--data-dir", default=str(Path(tempfile.gettempdir()) / "sluice-bench-data"),
                         help="where the generated data sets are cached (shared with make bench)")
     parser.add_argument("--work-dir", default=str(REPO / ".bench-cluster"), help="the sluice homes' caches")
     parser.add_argument("--results-dir", default=str(BENCH / "results"))
@@ -214,19 +215,15 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     bench = ClusterBench(platform, args)
     api = Api(platform)
-    dags = [d["dag_id"] for d in api.get("/dags")["dags"]]
     paused = {d["dag_id"]: d["is_paused"] for d in api.get("/dags")["dags"]}
     started = time.monotonic()
     try:
-        for dag_id in dags:
+        for dag_id in paused:
             api.set_paused(dag_id, True)
-        for dag_id in dags:
+        for dag_id in paused:
             api.wait_idle(dag_id)
         for events in args.sizes:
-            before = len(bench.runs)
             bench.size(events)
-            for run in bench.runs[before:]:
-                run.details["size"] = events
     finally:
         for dag_id, was in paused.items():
             api.set_paused(dag_id, was)
