@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -72,6 +73,7 @@ class ClusterBench:
         self.client = platform.s3_client()
         self.bucket = platform.topology.bucket
         self.runs: list[Run] = []
+        self.started = datetime.now(UTC)
         self.work = Path(args.work_dir)
         keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AIRFLOW", "AWS_", "PYSPARK"))}
         self.env = {**keep, **{k: v for k, v in platform.env().items() if not k.startswith("AIRFLOW")},
@@ -83,21 +85,27 @@ class ClusterBench:
         self.java = " ".join(java_options())
 
     # -- the bucket ---------------------------------------------------------------------------------
+    def prefix(self, events: int) -> str:
+        # A prefix of this run's own: s3proxy's filesystem back end keeps a deleted key's folders, and Spark
+        # takes a checkpoint folder that lists as non-empty for another query's.
+        return f"{PREFIX}/{self.started:%Y%m%dT%H%M%S}/n{events}"
+
     def root(self, events: int, side: str) -> str:
-        return f"s3://{self.bucket}/{PREFIX}/n{events}/{side}"
+        return f"s3://{self.bucket}/{self.prefix(events)}/{side}"
 
     def clear(self, events: int) -> None:
         paginator = self.client.get_paginator("list_objects_v2")
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{PREFIX}/n{events}/"):
+        for page in paginator.paginate(Bucket=self.bucket, Prefix=f"{self.prefix(events)}/"):
             keys = [{"Key": o["Key"]} for o in page.get("Contents", [])]
             if keys:
                 self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys})
+        shutil.rmtree(self.work / f"home-n{events}", ignore_errors=True)  # a fresh start on both sides
 
     def upload(self, files: list[Path], events: int) -> None:
         """Each file into both sides' landing zones, in arrival order (modification time, then name)."""
         for path in sorted(files, key=lambda f: (f.stat().st_mtime, f.name)):
             for side in ("sluice", "bare"):
-                key = f"{PREFIX}/n{events}/{side}/landing/{path.parent.name}/{path.name}"
+                key = f"{self.prefix(events)}/{side}/landing/{path.parent.name}/{path.name}"
                 self.client.upload_file(str(path), self.bucket, key)
 
     # -- the two sides ------------------------------------------------------------------------------
@@ -122,10 +130,11 @@ class ClusterBench:
                 "--out", f"{root}/out", "--master", self.platform.master_url, "--conf-json", json.dumps(conf)]
 
     def record(self, stage: str, events: int, rep: int, side: str, details: dict[str, Any]) -> Run:
+        size = details["size"]  # the data set the run belongs to: its landing and lake (events: the run's own)
         if side == "sluice":
-            cmd, env = [str(Path(sys.executable).parent / "sluice"), "run", PIPELINE], self.sluice_env(events)
+            cmd, env = [str(Path(sys.executable).parent / "sluice"), "run", PIPELINE], self.sluice_env(size)
         else:
-            cmd, env = self.bare_command(events), self.env
+            cmd, env = self.bare_command(size), self.env
         wall, peak, rc, out, err = measure(cmd, env, self.args.timeout)
         parsed = parse_sluice(out, err, wall) if side == "sluice" else _bench_json(out)
         failed = rc not in (0, 2)
