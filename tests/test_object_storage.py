@@ -1,8 +1,9 @@
 """The lake on object storage, end to end (SPEC 1, issue 27): the same files and the same commands give the
 same tables with ``SLUICE_LAKE=s3://...`` on a real S3 server (s3proxy, tests/support/s3.py) as on a local
 lake, even when every stage on S3 is SIGKILLed once (ingest, the aggregate, data quality, a correction, a
-backfill) and run again. The commands are the CLI's, in one process per lake (one JVM each; a killed run is a
-process of its own), the two lakes side by side:
+backfill) and run again. The commands are the CLI's (tests/support/replay.py), the two lakes side by side: the
+lake in the bucket in a process of its own (a killed run in one more), the local lake in the test's process on
+the suite's Spark session:
 
 * the shipped pipelines (``ad_clicks_hourly``, ``user_activity_hourly``) on generated streams with late,
   early, duplicate and malformed records; late records land for closed windows of ``ad_clicks_hourly`` and
@@ -27,15 +28,15 @@ import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
 
 import pytest
 from deltalake import DeltaTable
 
-from sluice.config import Settings, load_settings
+from sluice.config import Settings, load_settings, without_settings
 from sluice.core.lake import storage_options
 from sluice.storage.maintenance import delta_tables
 from sluice_tools.generate import GenerateOptions, generate
+from support import replay
 from support.s3 import S3Server
 from support.servers import serve_webhook
 from support.tutorial import write_tutorial
@@ -78,33 +79,6 @@ STEPS: list[tuple[float, str, list[str], str | None]] = [
      "gold/ad_clicks_hourly:1"),
 ]
 
-# Runs STEPS in one process (one JVM), as a user would run the commands one after the other; prints the exit
-# codes as JSON. A step first moves the staged files that have arrived by then into the landing zone. A step
-# with a kill first runs its command in a process of its own that the crash hook SIGKILLs (its exit code is
-# printed too: -9).
-RUNNER = """
-import json, os, shutil, subprocess, sys
-from pathlib import Path
-from sluice.cli.main import main
-staging, landing = Path(sys.argv[1]), Path(sys.argv[2])
-codes, killed = [], []
-for reveal, now, argv, kill in json.loads(sys.argv[3]):
-    for file in sorted(staging.glob("*/*")):
-        if file.stat().st_mtime <= reveal:
-            (landing / file.parent.name).mkdir(parents=True, exist_ok=True)
-            shutil.move(file, landing / file.parent.name / file.name)  # keeps the arrival time (mtime)
-    os.environ["SLUICE_NOW"] = now
-    if kill:
-        crash = subprocess.run([sys.executable, "-m", "sluice.cli", *argv], capture_output=True, text=True,
-                               env={**os.environ, "SLUICE_KILL_AFTER_COMMIT": kill})
-        killed.append(crash.returncode)
-        if crash.returncode != -9:
-            print(crash.stderr[-3000:], file=sys.stderr)
-    codes.append(main(argv))
-print("killed: " + json.dumps(killed))
-print("exit codes: " + json.dumps(codes))
-"""
-
 
 def _stage(folder: Path, pipelines: Path) -> None:
     generate(folder, OPTIONS, specs=load_settings({"SLUICE_PIPELINES": str(pipelines)}, home=folder).streams)
@@ -117,6 +91,20 @@ def _stage(folder: Path, pipelines: Path) -> None:
                                 for r, d, m, t in rows))
         arrival = (datetime(2024, 5, 1, 10, tzinfo=UTC) + timedelta(minutes=minute)).timestamp()
         os.utime(path, (arrival, arrival))
+
+
+def _user_shell() -> dict[str, str]:
+    """This process's environment without the suite's settings, credentials or connections."""
+    return {k: v for k, v in without_settings(os.environ).items() if not k.startswith(("AWS_", "AIRFLOW_CONN_"))}
+
+
+def _as_the_user(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """This process's environment as :func:`_user_shell` plus ``env``, until the test ends (the replay sets
+    ``SLUICE_NOW`` as it goes: registered here so that it goes too)."""
+    for key in set(os.environ) - set(_user_shell()):
+        monkeypatch.delenv(key)
+    for key, value in {**env, "SLUICE_NOW": ""}.items():
+        monkeypatch.setenv(key, value)
 
 
 def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
@@ -134,7 +122,10 @@ def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
     return out
 
 
-def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("spark")  # the local lake's commands run on it
+def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pipelines = write_tutorial(tmp_path / "pipelines")
     for shipped in sorted((REPO / "pipelines").glob("[!_]*.py")):
         shutil.copy(shipped, pipelines / shipped.name)
@@ -142,49 +133,48 @@ def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_pa
     bucket = s3.bucket("lake")
     # Both homes' paths have the same length, so nothing in the tables depends on which is which.
     homes = {"s3": tmp_path / "home_s3", "local": tmp_path / "home_lo"}
-    runs: dict[str, subprocess.Popen[str]] = {}
     with serve_webhook() as hook_s3, serve_webhook() as hook_local:
         hooks = {"s3": hook_s3, "local": hook_local}
+        envs = {}
         for kind, home in homes.items():
             shutil.copytree(tmp_path / "staged", home / "staged")  # copy2: arrival times kept
-            env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AWS_"))}
-            env.update({
+            envs[kind] = {
                 "SLUICE_HOME": str(home), "SLUICE_PIPELINES": str(pipelines), "PYSPARK_PYTHON": sys.executable,
                 "SLUICE_DATA_DOCS_URL": "https://airflow.example.com/sluice/docs",
                 "SLUICE_AD_CLICKS_HOURLY_CORRECTIONS": "auto", "SLUICE_DEVICE_TEMPS_CORRECTIONS": "auto",
                 "AIRFLOW_CONN_SLUICE_WEBHOOK": json.dumps({"conn_type": "http", "host": hooks[kind].url}),
-            })
-            if kind == "s3":
-                # A killed run's lease keeps the next run waiting for its time to live: 10 s here, not 60.
-                env.update({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake", "SLUICE_LEASE_TTL": "10s"})
-            steps = [[START.timestamp() + reveal * 3600, now, argv, kill if kind == "s3" else None]
-                     for reveal, now, argv, kill in STEPS]
-            runs[kind] = subprocess.Popen(
-                [sys.executable, "-c", RUNNER, str(home / "staged"), str(home / "landing"), json.dumps(steps)],
-                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}
+            }
+        # A killed run's lease keeps the next run waiting for its time to live: 10 s here, not 60.
+        envs["s3"].update({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake", "SLUICE_LEASE_TTL": "10s"})
+        steps = {kind: [[START.timestamp() + reveal * 3600, now, argv, kill if kind == "s3" else None]
+                        for reveal, now, argv, kill in STEPS] for kind in homes}
+        # The lake in the bucket in a process of its own (its killed runs too), the local one here on the
+        # suite's session, at the same time.
+        on_s3 = subprocess.Popen(
+            replay.command(homes["s3"] / "staged", homes["s3"] / "landing", steps["s3"]),
+            env=replay.environment({**_user_shell(), **envs["s3"]}), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True)
+        try:
+            _as_the_user(monkeypatch, envs["local"])
+            codes_local, _ = replay.run_steps(homes["local"] / "staged", homes["local"] / "landing", steps["local"])
+        finally:
+            stdout, stderr = on_s3.communicate(timeout=1500)
         posts = {kind: hook.posts() for kind, hook in hooks.items()}
 
-    codes: dict[str, Any] = {}
-    for kind, (stdout, stderr) in outputs.items():
-        lines = [line for line in stdout.splitlines() if line.startswith("exit codes: ")]
-        assert lines, f"{kind}: {stderr[-3000:]}"
-        codes[kind] = json.loads(lines[-1][len("exit codes: "):])
+    codes = {"s3": replay.parse(stdout, "exit codes"), "local": codes_local}
+    assert codes["s3"], stderr[-3000:]
     # Every stage's crash happened where it was meant to: each killed process died of the hook's SIGKILL.
-    killed = [line for line in outputs["s3"][0].splitlines() if line.startswith("killed: ")]
-    assert json.loads(killed[-1][len("killed: "):]) == [-9] * 5, outputs["s3"][1][-3000:]
+    assert replay.parse(stdout, "killed") == [-9] * 5, stderr[-3000:]
     # The tutorial's windows fail their check (exit 2) in its cycle and its correction; the generated streams'
     # late share fails some lateness checks too.
     # The same outcome on both lakes, but for the run after the data-quality kill: the ledger already holds its
     # failing windows, so that rerun only delivers their alerts and finds nothing failing itself (exit 0; as on a
     # local lake, tests/test_accounting.py).
-    assert codes["s3"] == [0 if i == 1 else code for i, code in enumerate(codes["local"])], (
-        codes, outputs["s3"][1][-3000:])
+    assert codes["s3"] == [0 if i == 1 else code for i, code in enumerate(codes["local"])], (codes, stderr[-3000:])
     assert [codes["local"][i] for i in (1, 4)] == [2, 2], codes
 
-    on_s3 = load_settings({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake"}, home=homes["s3"])
-    local = load_settings({}, home=homes["local"])
-    tables_s3, tables_local = _snapshot(on_s3), _snapshot(local)
+    tables_s3 = _snapshot(load_settings({**s3.env(), "SLUICE_LAKE": f"s3://{bucket}/lake"}, home=homes["s3"]))
+    tables_local = _snapshot(load_settings({}, home=homes["local"]))
     assert sorted(tables_s3) == sorted(tables_local)
     assert {"gold/ad_clicks_hourly", "gold/user_activity_hourly", "gold/device_temps", "ops/alerts"} <= set(tables_s3)
     for name in tables_local:
@@ -196,7 +186,10 @@ def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(s3: S3Server, tmp_pa
     assert kinds.count("dq_failure") >= FAILING and "correction" in kinds, kinds
 
 
-def test_a_landing_zone_on_s3_is_ingested_as_a_local_one(s3: S3Server, tmp_path: Path) -> None:
+@pytest.mark.usefixtures("spark")  # the local lake's commands run on it
+def test_a_landing_zone_on_s3_is_ingested_as_a_local_one(
+    s3: S3Server, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """SPEC 1 with the landing zone in a bucket too: an object's arrival time is its LastModified, keys play the
     part of file names (odd characters, gzip and an unreadable .gz among them; '.'/'_' keys are in flight). The
     same bytes in a local landing zone, with each file's mtime set to its object's LastModified, give the same
@@ -228,18 +221,21 @@ def test_a_landing_zone_on_s3_is_ingested_as_a_local_one(s3: S3Server, tmp_path:
     # apart. One waits for the other; their tables are those of one run.
     homes = {"s3": tmp_path / "home_s3", "twin": tmp_path / "home_tw", "local": tmp_path / "home_lo"}
     runs = {}
-    for kind, home in homes.items():
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AWS_", "AIRFLOW_CONN_"))}
-        env.update({"SLUICE_HOME": str(home), "PYSPARK_PYTHON": sys.executable, "SLUICE_LATENESS_THRESHOLD": "1"})
-        if kind != "local":
-            env.update({**s3.env(), "SLUICE_LANDING": f"s3://{landing_bucket}/zone",
-                        "SLUICE_LAKE": f"s3://{lake_bucket}/lake"})
-        runs[kind] = subprocess.Popen(
-            [sys.executable, "-c", RUNNER, str(home / "staged"), str(home / "nowhere"), json.dumps(steps)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}
+    for kind in ("s3", "twin"):
+        env = {**_user_shell(), "SLUICE_HOME": str(homes[kind]), "PYSPARK_PYTHON": sys.executable,
+               "SLUICE_LATENESS_THRESHOLD": "1", **s3.env(), "SLUICE_LANDING": f"s3://{landing_bucket}/zone",
+               "SLUICE_LAKE": f"s3://{lake_bucket}/lake"}
+        runs[kind] = subprocess.Popen(replay.command(homes[kind] / "staged", homes[kind] / "nowhere", steps),
+                                      env=replay.environment(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True)
+    try:  # the local home here, on the suite's session, while the two S3 homes run
+        _as_the_user(monkeypatch, {"SLUICE_HOME": str(homes["local"]), "SLUICE_LATENESS_THRESHOLD": "1"})
+        codes_local, _ = replay.run_steps(homes["local"] / "staged", homes["local"] / "nowhere", steps)
+    finally:
+        outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}
+    assert codes_local == [0, 0], codes_local
     for kind, (stdout, stderr) in outputs.items():
-        assert "exit codes: [0, 0]" in stdout, f"{kind}: {stdout[-2000:]} {stderr[-3000:]}"
+        assert replay.parse(stdout, "exit codes") == [0, 0], f"{kind}: {stdout[-2000:]} {stderr[-3000:]}"
     assert f"lake=s3://{lake_bucket}/lake" in outputs["s3"][0]
     waited = [kind for kind in ("s3", "twin") if "waiting for the lease held by another run" in outputs[kind][1]]
     assert len(waited) == 1, [outputs[kind][1][-2000:] for kind in ("s3", "twin")]

@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime
@@ -77,8 +76,9 @@ def platform_dir() -> Iterator[Path]:
 
 @pytest.mark.spark
 @pytest.mark.timeout(3000)
+@pytest.mark.usefixtures("spark")  # the local reference's commands run on it
 def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothing(
-    platform_dir: Path, tmp_path: Path
+    platform_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Only the demo's runs: the scheduler creates none from the schedules, which would add a run of each DAG
     # per quarter hour of the test, and the runs it creates wait for them (one active run per DAG).
@@ -124,10 +124,10 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
         assert {"ad_clicks_hourly", "user_activity_hourly", "sluice_backfill", "sluice_maintenance"} <= dags, dags
 
     apps_before = {a["id"] for a in platform.master_state()["completedapps"]}
-    demo = _make("platform-demo", platform_dir, timeout=2400, DEMO_HOURS=str(DEMO_HOURS), DEMO_SLICES="2")
+    demo = _make("platform-demo", platform_dir, timeout=2400, DEMO_HOURS=str(DEMO_HOURS), DEMO_SLICES="1")
     assert demo.returncode in (0, 2), f"{demo.stdout[-6000:]}\n{demo.stderr[-6000:]}"
     assert "where every record went:" in demo.stdout and "windows and data quality:" in demo.stdout, demo.stdout
-    _check_the_demo(platform, demo.stdout, apps_before, tmp_path)
+    _check_the_demo(platform, demo.stdout, apps_before, tmp_path, monkeypatch)
 
     # A second `make platform` finds it running and starts nothing twice.
     again = _make("platform", platform_dir)
@@ -141,7 +141,8 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     assert _recorded(platform_dir) == {}
 
 
-def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_path: Path) -> None:
+def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_path: Path,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
     from sluice_tools.platform_demo import Api
 
     api = Api(platform)
@@ -152,7 +153,8 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     for dag_id in pipelines:
         runs = api.runs(dag_id)
         kinds = [r["run_type"] for r in runs]
-        assert kinds.count("manual") >= (3 if dag_id == "user_activity_hourly" else 2), kinds
+        # One part landed: a run of each DAG; then the late file's run of user_activity_hourly, a later one.
+        assert kinds.count("manual") >= (2 if dag_id == "user_activity_hourly" else 1), kinds
         if dag_id == "ad_clicks_hourly":
             assert "backfill" in kinds, kinds
         for run in runs:
@@ -185,30 +187,33 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     assert corrected, [(r.window_start, r.state) for r in read_ledger(s3_settings, "user_activity_hourly")]
 
     # The same files, arrived at the same times, in a local home, through the same steps: the same gold tables.
-    local = _local_reference(platform, tmp_path)
+    local = _local_reference(platform, tmp_path, monkeypatch)
     for table in ("gold/ad_clicks_hourly", "gold/unmatched_clicks_hourly", "gold/user_activity_hourly"):
         assert _rows(s3_settings, table) == _rows(local, table), table
 
 
-def _local_reference(platform: Platform, tmp_path: Path) -> Any:
+def _local_reference(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The demo's steps (its ``steps.json``) replayed on a local home: the same objects, as files whose
     modification time is the object's ``LastModified``, landed in the same parts, each followed by a ``sluice
-    run`` of each pipeline at the clock of the DAG run it stands for; the backfill through ``sluice backfill``."""
-    from sluice.config import load_settings
+    run`` of each pipeline at the clock of the DAG run it stands for; the backfill through ``sluice backfill``.
+    The commands run in this process, on the suite's Spark session: what is compared is the tables, and a cold
+    JVM per command would only cost the suite minutes."""
+    from sluice.cli.main import main
+    from sluice.config import MACHINE_VARIABLES, load_settings
 
     client = platform.s3_client()
     (steps_file,) = (platform.root / "demo").glob("*/steps.json")
     home = tmp_path / "local-home"
     home.mkdir()
     shutil.copy(Path(platform.env()["SLUICE_HOME"]) / "sluice.yaml", home / "sluice.yaml")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_", "AWS_"))}
-    base.update({"SLUICE_HOME": str(home), "PYSPARK_PYTHON": sys.executable})
-    sluice = str(Path(sys.executable).parent / "sluice")
+    # A user's shell on the local home: none of the suite's or the platform's settings.
+    for key in list(os.environ):
+        if key.startswith(("SLUICE_", "AWS_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
+            monkeypatch.delenv(key)
 
     def command(now: str, *args: str) -> None:
-        done = subprocess.run([sluice, *args], env={**base, "SLUICE_NOW": now}, cwd=REPO, capture_output=True,
-                              text=True, timeout=900, check=False)
-        assert done.returncode in (0, 2), f"sluice {' '.join(args)}: {done.stderr[-4000:]}"
+        code = main(["--home", str(home), args[0], *args[1:], "--now", now])
+        assert code in (0, 2), f"sluice {' '.join(args)}: exit {code}"
 
     now = ""
     for step in json.loads(steps_file.read_text()):

@@ -31,6 +31,9 @@ from sluice.platform.processes import Daemon, PlatformError, free_port, listenin
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
 
+# Passed from the shell that runs `make platform` to its services: where Java is, and Spark's own variable for
+# the driver JVM's options (spark-submit reads it).
+FROM_THE_CALLER = ("JAVA_HOME", "SPARK_SUBMIT_OPTS")
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # nothing between us and 127.0.0.1
 S3_ACCESS_KEY = "sluice-platform"
 
@@ -128,6 +131,8 @@ class Platform:
         venv_bin = str(Path(sys.executable).parent)
         return {
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
+            # The caller's Java, and the Java options of the Spark drivers that the DAGs' tasks start.
+            **{key: os.environ[key] for key in FROM_THE_CALLER if key in os.environ},
             "TZ": "UTC",
             "PYSPARK_PYTHON": sys.executable,
             "PYSPARK_DRIVER_PYTHON": sys.executable,
@@ -281,12 +286,14 @@ class Platform:
         passwords.write_text(json.dumps({self.topology.airflow_admin: self.secret("admin")}) + "\n")
         passwords.chmod(0o600)
         airflow = str(Path(sys.executable).parent / "airflow")
+        components = [self.daemon(f"airflow-{component}") for component in self.topology.airflow_components]
+        if all(daemon.alive() for daemon in components):
+            return  # running on a database they migrated when they started: nothing to do twice
         migrate = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True,
                                  check=False, timeout=900)
         if migrate.returncode != 0:
             raise PlatformError(f"airflow db migrate failed ({migrate.returncode}):\n{migrate.stderr[-4000:]}")
-        for component in self.topology.airflow_components:
-            daemon = self.daemon(f"airflow-{component}")
+        for component, daemon in zip(self.topology.airflow_components, components, strict=True):
             if not daemon.alive():
                 args = ["--workers", "1"] if component == "api-server" else []
                 daemon.spawn([airflow, component, *args], env, cwd=self.root)
