@@ -38,6 +38,9 @@ from sluice.core.spark import get_spark
 from support import scheduling
 from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
 
+# A test stuck in native code, which pytest-timeout cannot interrupt, ends its worker with every stack printed.
+pytest_plugins = ["support.watchdog"]
+
 
 def pytest_configure(config: pytest.Config) -> None:
     scheduling.configure(config)

@@ -20,13 +20,14 @@ from urllib.parse import unquote, urlparse
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable
+from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.ingest.landing import load_state, run_ingest
 from sluice.storage.engines import engine_for
 from sluice_tools.generate import QUARANTINE_REASONS, GenerateOptions, Manifest, generate
+from support.lake import read_arrow, read_rows
 
 pytestmark = pytest.mark.spark
 
@@ -81,7 +82,7 @@ def _expected(manifest: Manifest, stream: str) -> dict[str, int]:
 
 
 def _table_rows(settings: Settings, name: str) -> list[dict[str, object]]:
-    return pa.table(DeltaTable(str(settings.lake.local() / name)).to_pyarrow_table()).to_pylist()
+    return pa.table(read_arrow(settings.lake.local() / name)).to_pylist()
 
 
 def _file_name(source_file: object) -> str:
@@ -180,7 +181,8 @@ def test_every_line_is_accounted_for_over_several_cycles(
     quarantine_tables = sorted(p.parent for p in (settings.lake.local() / "quarantine").glob("*/_delta_log"))
     assert [p.name for p in quarantine_tables] == sorted(STREAMS)
     for table in quarantine_tables:
-        data = DeltaTable(str(table)).to_pyarrow_table()
+        # delta-rs's own reader (DataFusion, in Rust): not to_pyarrow_table's Python-backed file system.
+        data = pa.table(QueryBuilder().register("t", DeltaTable(str(table))).execute("SELECT * FROM t").read_all())
         assert data.num_rows == manifest.streams[table.name].quarantined_total
         assert data.column("reason").null_count == 0
 
@@ -194,7 +196,7 @@ def _table_snapshot(home: Path) -> dict[str, list[tuple[object, ...]]]:
     for log_dir in sorted(lake.glob("**/_delta_log")):
         table = log_dir.parent
         name = str(table.relative_to(lake))
-        data = pa.table(DeltaTable(str(table)).to_pyarrow_table())
+        data = pa.table(read_arrow(table))
         drop = [c for c in ("spark_batch_id", "query_id") if c in data.column_names]
         data = data.drop_columns(drop)
         out[name] = sorted(
@@ -409,10 +411,10 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
         base = "https://airflow.example.com/sluice/docs/"
         assert post["docs_url"].startswith(base), post["docs_url"]
         assert (home / "lake" / "_data_docs" / post["docs_url"][len(base):]).is_file(), post["docs_url"]
-    outbox = DeltaTable(str(home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
+    outbox = read_rows(home / "lake/ops/alerts")
     assert sorted(r["alert_id"] for r in outbox) == sorted(p["alert_id"] for p in posts)
     assert {r["channels"] for r in outbox} == {"webhook"}
-    ledger = DeltaTable(str(home / "lake/ops/window_ledger")).to_pyarrow_table().to_pylist()
+    ledger = read_rows(home / "lake/ops/window_ledger")
     failed = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}" for r in ledger if r["state"] == "failed"}
     assert failed == FAILING_ENDS
     rounds = {f"{r['window_end']:%Y-%m-%dT%H:%M:%SZ}": r["attempt"] for r in ledger}

@@ -18,6 +18,7 @@ from sluice.config import Settings, load_settings
 from sluice.streaming.cycle import run_cycle
 from sluice.streaming.runner import CatchUp
 from sluice_tools.generate import GenerateOptions, generate
+from support.lake import read_rows
 
 pytestmark = pytest.mark.spark
 
@@ -43,7 +44,7 @@ def _rows(settings: Settings, table: str, columns: tuple[str, ...] | None = None
     path = settings.lake.local() / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    data = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    data = read_rows(path)
     return sorted(tuple(r[c] for c in (columns or tuple(r))) for r in data)
 
 

@@ -30,6 +30,7 @@ from sluice.config import ConfigError, Settings, load_settings
 from sluice.streaming.backfill import BackfillResult, run_backfill, validate_request
 from sluice.streaming.cycle import run_cycle
 from sluice_tools.generate import GenerateOptions, generate
+from support.lake import read_rows
 
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
@@ -52,7 +53,7 @@ def rows(settings: Settings, table: str) -> list[dict[str, Any]]:
     path = settings.lake.local() / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def window_of(row: dict[str, Any]) -> Window:

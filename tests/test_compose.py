@@ -265,6 +265,10 @@ def test_each_spark_worker_is_the_topologys(compose: dict[str, Any], worker: str
     # Its own work folder, inside the container: no volume shared with anyone.
     work = _flag(command, "--work-dir")
     assert not [target for _kind, _source, target in _mounts(service) if work.startswith(target)], work
+    # It removes a finished application's folder as make platform's workers do (a disk fills otherwise).
+    assert _env(service)["SPARK_WORKER_OPTS"] == TOPOLOGY.worker_options(), _env(service)
+    # And keeps the sluice settings of every Spark container beside it.
+    assert _env(service)["SLUICE_LAKE"] == TOPOLOGY.lake, _env(service)
 
 
 def test_published_host_ports_are_distinct(compose: dict[str, Any]) -> None:

@@ -30,13 +30,12 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from sluice.config import Settings, load_settings, without_settings
-from sluice.core.lake import storage_options
 from sluice.storage.maintenance import delta_tables
 from sluice_tools.generate import GenerateOptions, generate
 from support import replay
+from support.lake import read_arrow
 from support.s3 import S3Server
 from support.servers import serve_webhook
 from support.tutorial import write_tutorial
@@ -113,7 +112,7 @@ def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
     delivered (the wall clock)."""
     out = {}
     for name, uri in delta_tables(settings):
-        data = DeltaTable(uri, storage_options=storage_options(uri)).to_pyarrow_table()
+        data = read_arrow(uri)
         data = data.drop_columns([c for c in ("spark_batch_id", "query_id", "delivered_at")
                                   if c in data.column_names])
         out[name] = sorted(tuple(str(v).replace(settings.lake.uri, "<lake>").replace(str(settings.home), "<home>")

@@ -32,6 +32,7 @@ import pytest
 
 from sluice.config import without_settings
 from sluice.core import jars
+from support.lake import read_rows
 from support.tutorial import Step, section, shell_commands, tutorial_steps
 
 REPO = Path(__file__).resolve().parents[1]
@@ -196,15 +197,14 @@ def test_the_readme_tutorial_runs_exactly_as_written(tmp_path: Path) -> None:
     test = transcript.index("pytest")
     assert re.search(r"\b1 passed\b", transcript.output(test)), transcript.describe(test, "did not pass")
 
-    from deltalake import DeltaTable
 
     lake = clone / ".sluice" / "lake"
-    ledger = DeltaTable(str(lake / "ops" / "window_ledger")).to_pyarrow_table().to_pylist()
+    ledger = read_rows(lake / "ops" / "window_ledger")
     states = Counter(r["state"] for r in ledger if r["pipeline"] == "device_temps")
     # 3 failed completeness (the reading without a temperature), 3 backfilled with the late reading, the
     # last 3 closed by the Airflow run's heartbeat: all 11 windows holding readings.
     assert states == {"failed": 3, "reprocessed": 3, "validated": 5}, ledger
-    gold = DeltaTable(str(lake / "gold" / "device_temps")).to_pyarrow_table().to_pylist()
+    gold = read_rows(lake / "gold" / "device_temps")
     late_window = [r for r in gold if r["device_id"] == "dev-4"
                    and r["window_start"] == datetime(2024, 5, 1, 10, 10, tzinfo=UTC)]
     assert [r["readings"] for r in late_window] == [30], late_window  # 29 on time + the late one

@@ -10,11 +10,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from deltalake import DeltaTable
 
 from sluice.alerting.alert import CORRECTION, DQ_FAILURE, Alert
 from sluice.alerting.outbox import deliver_pending, raise_alert, read_outbox, record_alerts
 from sluice.config import Settings, load_settings
+from support.lake import read_rows
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
 
 pytestmark = pytest.mark.timeout(120)
@@ -104,7 +104,7 @@ def test_an_older_alerts_table_gains_the_outbox_columns(settings: Settings, webh
     write_deltalake(str(path), pa.Table.from_pylist([row, row], schema=old))
     use_webhook(monkeypatch, webhook)
     assert len(deliver_pending(settings, "orders_hourly").delivered) == 1  # the duplicate rows are one alert
-    rows = DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    rows = read_rows(path)
     assert len(rows) == 1 and rows[0]["channels"] == "webhook" and rows[0]["kind"] == DQ_FAILURE
     assert len(webhook.requests) == 1
 

@@ -16,12 +16,13 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from deltalake import DeltaTable, write_deltalake
+from deltalake import write_deltalake
 
 from sluice.alerting.alert import Alert
 from sluice.cli.main import main
 from sluice.cli.status import status_data
 from sluice.config import MACHINE_VARIABLES, load_settings
+from support.lake import read_rows
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
@@ -304,7 +305,7 @@ def alerts_home(tmp_path: Path) -> Path:
 
 
 def _channels(home: Path) -> list[tuple[str, str, str]]:
-    table = DeltaTable(str(home / "lake" / "ops" / "alerts")).to_pyarrow_table().to_pylist()
+    table = read_rows(home / "lake" / "ops" / "alerts")
     return sorted((r["pipeline"], f"{r['window_start']:%H}", r["channels"]) for r in table)
 
 
@@ -398,7 +399,7 @@ def test_deliver_that_fails_on_a_channel_exits_1(alerts_home: Path, webhook: Web
 def history_home(alerts_home: Path) -> Path:
     """alerts_home, plus an alert recorded, later, while no channel was configured (``none``)."""
     unrouted = {**_alert_row("ad_clicks_hourly", 5, "none"), "raised_at": _hour(9)}
-    table = DeltaTable(str(alerts_home / "lake" / "ops" / "alerts")).to_pyarrow_table().to_pylist()
+    table = read_rows(alerts_home / "lake" / "ops" / "alerts")
     rows = [*table, unrouted]
     write_deltalake(str(alerts_home / "lake" / "ops" / "alerts"), pa.Table.from_pylist(rows, schema=ALERTS_SCHEMA),
                     mode="overwrite")

@@ -20,6 +20,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice_tools.generate import GenerateOptions, generate
+from support.lake import read_rows
 from support.logs import logged
 from support.servers import (
     SmtpServer,
@@ -47,7 +48,7 @@ def rows(home: Path, table: str) -> list[dict[str, Any]]:
     path = home / "lake" / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def utc(value: datetime) -> datetime:

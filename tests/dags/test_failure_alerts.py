@@ -11,10 +11,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deltalake import DeltaTable
 
 from sluice.config import load_settings
-from support.lake import land
+from support.lake import land, read_rows
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
 
 DAGS = Path(__file__).resolve().parents[2] / "dags"
@@ -70,7 +69,7 @@ def test_a_crashed_spark_task_raises_a_task_failure_alert(
     [item] = post["failed"]
     assert item["expectation"] == "task:buggy_hourly.run_cycle"
     assert item["observed_value"].startswith(f"run {run.run_id}")
-    outbox = DeltaTable(str(sluice_home.home / "lake/ops/alerts")).to_pyarrow_table().to_pylist()
+    outbox = read_rows(sluice_home.home / "lake/ops/alerts")
     assert [(r["kind"], r["channels"], r["alert_id"]) for r in outbox] == [
         ("task_failure", "webhook", post["alert_id"])]
 

@@ -34,6 +34,7 @@ from deltalake import DeltaTable
 from sluice.core.windows import windows_starting_in
 from sluice_tools.generate import GenerateOptions, generate
 from support.airflow_servers import REPO, VENV_BIN, Servers, free_port, sqlite_metadata_db
+from support.lake import read_rows
 
 PIPELINE = "user_activity_hourly"  # hourly windows, schedule */15: three in four 15-minute intervals hold no hour start
 START = datetime(2024, 5, 1, tzinfo=UTC)
@@ -58,7 +59,7 @@ def rows(home: Path, table: str) -> list[dict[str, Any]]:
     path = home / "lake" / table
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def window(row: dict[str, Any]) -> Window:

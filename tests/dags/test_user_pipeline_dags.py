@@ -14,7 +14,7 @@ import pytest
 from deltalake import DeltaTable
 
 from sluice.config import load_settings
-from support.lake import land
+from support.lake import land, read_rows
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
 from support.tutorial import write_tutorial
 
@@ -24,7 +24,7 @@ DAGS = Path(__file__).resolve().parents[2] / "dags"
 
 def rows(home: Path, table: str) -> list[dict[str, Any]]:
     path = home / "lake" / table
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist() if DeltaTable.is_deltatable(str(path)) else []
+    return read_rows(path) if DeltaTable.is_deltatable(str(path)) else []
 
 
 def at(minutes: int) -> datetime:

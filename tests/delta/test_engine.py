@@ -43,6 +43,7 @@ from sluice.config import Settings
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.spark_engine import SparkDeltaEngine
+from support.lake import read_rows
 
 pytestmark = pytest.mark.spark
 
@@ -88,7 +89,7 @@ def _spark_rows(df: DataFrame) -> list[dict[str, Any]]:
 
 
 def _delta_rows(path: Path) -> list[dict[str, Any]]:
-    return _sorted(DeltaTable(str(path)).to_pyarrow_table().to_pylist())
+    return _sorted(read_rows(path))
 
 
 def _duckdb_extension() -> str:
@@ -441,7 +442,7 @@ def test_replace_swaps_chosen_partitions_in_one_commit(
     assert _spark_rows(engine.read(path)) == after
 
     # The previous snapshot is intact (time travel): the replace is one atomic step.
-    old = DeltaTable(str(path), version=before_version).to_pyarrow_table().to_pylist()
+    old = read_rows(path, before_version)
     assert _sorted(old) == before_rows
 
     # Re-running (or running an older) version of the replace is a no-op.
@@ -809,7 +810,7 @@ def test_read_small_table_reads_each_file_once_and_follows_the_snapshot(tmp_path
     path = tmp_path / "ops"
 
     def fresh() -> list[dict[str, Any]]:
-        return sorted(DeltaTable(str(path)).to_pyarrow_table().to_pylist(), key=lambda r: r["id"])
+        return sorted(read_rows(path), key=lambda r: r["id"])
 
     def cached() -> list[dict[str, Any]]:
         data = read_small_table(path)

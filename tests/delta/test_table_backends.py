@@ -95,3 +95,34 @@ def test_a_table_another_delta_writer_made_is_read_and_appended_to(lake: Setting
                     storage_options=storage_options(path))
     OpsDeltaEngine().append_rows([("y", H[1], 8)], SMALL, path, app_id="a", version=1)
     assert sorted(_rows(path)) == [("x", H[0], 7), ("y", H[1], 8)]
+
+
+def test_a_partitioned_table_reads_as_a_dataset_of_its_live_files(lake: Settings) -> None:
+    """snapshots.dataset: each live file with its partition values (typed, and filled into the partition
+    columns, which the files do not hold), pruned by them, read by pyarrow's own file system: not delta-rs's
+    Python-backed one, whose reads need the GIL on pyarrow's I/O threads."""
+    from pyarrow.fs import PyFileSystem
+
+    path = lake.lake.table("gold/partitioned")
+    schema = pa.schema([("id", pa.string()), ("event_date", pa.date32()), ("region", pa.string())])
+    day = dt.date(2024, 5, 1)
+    for region, ids in (("c:d é", ["a", "b"]), ("e", ["c"]), (None, ["d"])):
+        write_deltalake(path, pa.Table.from_pylist([{"id": i, "event_date": day, "region": region} for i in ids],
+                                                   schema), mode="append", partition_by=["event_date", "region"],
+                        storage_options=storage_options(path))
+    write_deltalake(path, pa.Table.from_pylist([{"id": "a", "event_date": day, "region": "c:d é"}], schema),
+                    mode="overwrite", partition_by=["event_date", "region"], storage_options=storage_options(path),
+                    predicate="region = 'c:d é'")
+    dataset = snapshots.dataset(path)
+    assert dataset is not None and not isinstance(dataset.filesystem, PyFileSystem), dataset.filesystem
+    assert dataset.schema == schema
+    rows = sorted(dataset.to_table().to_pylist(), key=lambda r: r["id"])
+    assert rows == [{"id": "a", "event_date": day, "region": "c:d é"}, {"id": "c", "event_date": day, "region": "e"},
+                    {"id": "d", "event_date": day, "region": None}]
+    assert dataset.to_table(filter=pc.field("region") == "e").column("id").to_pylist() == ["c"]
+    assert dataset.to_table(filter=pc.field("region").is_null()).column("id").to_pylist() == ["d"]
+    # Pruned by the partition values alone: one file read for one region.
+    assert len(list(dataset.get_fragments(filter=pc.field("region") == "e"))) == 1
+    # Time travel: the version before the overwrite still holds b.
+    before = snapshots.dataset(path, snapshots.version(path) - 1)
+    assert before is not None and sorted(before.to_table().column("id").to_pylist()) == ["a", "b", "c", "d"]

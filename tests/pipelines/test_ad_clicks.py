@@ -27,6 +27,7 @@ from sluice.ingest.landing import load_state
 from sluice.storage.ledger import LedgerRow, read_ledger
 from sluice.streaming.cycle import run_cycle
 from sluice_tools.generate import GenerateOptions, Manifest, generate
+from support.lake import read_rows
 
 pytestmark = pytest.mark.spark
 
@@ -64,7 +65,7 @@ def _table(settings: Settings, name: str) -> list[dict[str, Any]]:
     path = settings.lake.local() / name
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def gold_ad(settings: Settings) -> list[AdRow]:

@@ -28,11 +28,15 @@ import pytest
 
 from sluice.platform.launcher import Platform
 from sluice.platform.topology import TOPOLOGY
+from support.lake import read_rows
 
 pytestmark = [pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO_HOURS = 3
+# How long the workers keep a finished application's folder in this test (make platform's default: 15 min),
+# so that the folders of the demo's first applications are gone before it ends.
+APP_DATA_TTL_S = 60
 
 
 def _make(target: str, root: Path, timeout: float = 900, **variables: str) -> subprocess.CompletedProcess[str]:
@@ -82,7 +86,7 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
 ) -> None:
     # Only the demo's runs: the scheduler creates none from the schedules, which would add a run of each DAG
     # per quarter hour of the test, and the runs it creates wait for them (one active run per DAG).
-    up = _make("platform", platform_dir, PLATFORM_ARGS="--no-schedules")
+    up = _make("platform", platform_dir, PLATFORM_ARGS=f"--no-schedules --app-data-ttl {APP_DATA_TTL_S}")
     assert up.returncode == 0, f"{up.stdout[-4000:]}\n{up.stderr[-6000:]}"
     platform = Platform(platform_dir).load()
     # It says where the UI is, how to log in and how to land files.
@@ -128,6 +132,7 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     assert demo.returncode in (0, 2), f"{demo.stdout[-6000:]}\n{demo.stderr[-6000:]}"
     assert "where every record went:" in demo.stdout and "windows and data quality:" in demo.stdout, demo.stdout
     _check_the_demo(platform, demo.stdout, apps_before, tmp_path, monkeypatch)
+    _check_the_workers_remove_finished_applications(platform)
 
     # A second `make platform` finds it running and starts nothing twice.
     again = _make("platform", platform_dir)
@@ -192,6 +197,25 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
         assert _rows(s3_settings, table) == _rows(local, table), table
 
 
+def _check_the_workers_remove_finished_applications(platform: Platform) -> None:
+    """Each application leaves a folder on its worker (executor logs, a copy of every shipped jar: ~670 MB with
+    the AWS SDK); the workers remove it once it has finished for the TTL, by their periodic clean-up, which
+    says so in its log. (The demo's first applications finished minutes before this runs.)"""
+    import time
+
+    # A folder's last file is written when its application ends; the clean-up runs every min(120 s, TTL).
+    grace_ms = (APP_DATA_TTL_S + min(TOPOLOGY.worker_cleanup_interval_s, APP_DATA_TTL_S) + 30) * 1000
+    now_ms = time.time() * 1000
+    finished = [a["id"] for a in platform.master_state()["completedapps"]
+                if a["starttime"] + a["duration"] < now_ms - grace_ms]
+    assert finished, "no application finished long enough ago to check the workers' clean-up"
+    folders = {p.name: p for w in TOPOLOGY.worker_names for p in (platform.root / "spark" / w).glob("app-*")}
+    assert not [app for app in finished if app in folders], (finished, sorted(folders))
+    logs = "".join(platform.daemon(w).log.read_text(errors="replace") for w in TOPOLOGY.worker_names)
+    removed = set(re.findall(r"Removing directory: \S*/(app-[\w-]+)", logs))
+    assert set(finished) <= removed, (finished, sorted(removed))
+
+
 def _local_reference(platform: Platform, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The demo's steps (its ``steps.json``) replayed on a local home: the same objects, as files whose
     modification time is the object's ``LastModified``, landed in the same parts, each followed by a ``sluice
@@ -234,9 +258,4 @@ def _local_reference(platform: Platform, tmp_path: Path, monkeypatch: pytest.Mon
 
 
 def _rows(settings: Any, table: str) -> list[tuple[str, ...]]:
-    from sluice.storage import snapshots
-
-    uri = str(settings.lake.table(table))
-    data = snapshots.open_table(uri)
-    assert data is not None, uri
-    return sorted(tuple(str(v) for v in row.values()) for row in data.to_pyarrow_table().to_pylist())
+    return sorted(tuple(str(v) for v in row.values()) for row in read_rows(str(settings.lake.table(table))))

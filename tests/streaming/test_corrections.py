@@ -35,7 +35,7 @@ from sluice.storage.ledger import LedgerRow, join_detail, parse_gold_versions, r
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
 from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.streaming.cycle import CycleResult, run_cycle
-from support.lake import cycle, land, table
+from support.lake import cycle, land, read_rows, table
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
@@ -123,7 +123,7 @@ def ledger(settings: Settings) -> dict[Window, LedgerRow]:
 def gold(settings: Settings, version: int | None = None) -> dict[Window, dict[str, dict[str, Any]]]:
     """gold/device_temps (at ``version``): window -> device -> row."""
     path = settings.lake.local() / GOLD
-    rows = DeltaTable(str(path), version=version).to_pyarrow_table().to_pylist()
+    rows = read_rows(path, version)
     out: dict[Window, dict[str, dict[str, Any]]] = {}
     for r in rows:
         out.setdefault((r["window_start"], r["window_end"]), {})[r["device_id"]] = r

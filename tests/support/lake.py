@@ -11,10 +11,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.storage import snapshots
 
 
 def land(settings: Settings, stream: str, name: str, lines: Iterable[str | Mapping[str, Any]],
@@ -31,12 +33,29 @@ def land(settings: Settings, stream: str, name: str, lines: Iterable[str | Mappi
     return final
 
 
+def read_arrow(path: str | os.PathLike[str], version: int | None = None) -> pa.Table:
+    """Every row of the Delta table at ``path`` (a local path or a URI), of its latest snapshot or ``version``.
+
+    Through sluice.storage.snapshots, which reads the live files with pyarrow's own file system: never with
+    delta-rs's ``to_pyarrow_table``, whose Python-backed file system needs the GIL on pyarrow's I/O threads (a
+    worker of the suite hung for good in one, reading the tables of a cycle it had just run on its Spark
+    session). tests/delta/test_readers.py is where delta-rs's own readers are tested."""
+    data = snapshots.dataset(os.fspath(path), version)
+    assert data is not None, f"no Delta table at {path}"
+    return data.to_table()
+
+
+def read_rows(path: str | os.PathLike[str], version: int | None = None) -> list[dict[str, Any]]:
+    """:func:`read_arrow` as a list of rows."""
+    return list(read_arrow(path, version).to_pylist())
+
+
 def table(settings: Settings, name: str) -> list[dict[str, Any]]:
     """Every row of ``lake/<name>`` (empty when the table does not exist yet)."""
     path = settings.lake.local() / name
     if not DeltaTable.is_deltatable(str(path)):
         return []
-    return DeltaTable(str(path)).to_pyarrow_table().to_pylist()
+    return read_rows(path)
 
 
 def cycle(spark: SparkSession, settings: Settings, pipeline: str, now: datetime, *, quality: bool = False) -> Settings:

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -237,7 +237,8 @@ class Platform:
         spark_home = Path(pyspark.__file__).parent
         pids, logs = self.root / "spark" / "pids", self.root / "logs" / "spark"
         env = {**self.env(), "SPARK_HOME": str(spark_home), "SPARK_PID_DIR": str(pids), "SPARK_LOG_DIR": str(logs),
-               "SPARK_IDENT_STRING": "sluice", "SPARK_MASTER_OPTS": self.topology.master_options()}
+               "SPARK_IDENT_STRING": "sluice", "SPARK_MASTER_OPTS": self.topology.master_options(),
+               "SPARK_WORKER_OPTS": self.topology.worker_options()}
         done = subprocess.run(["bash", str(spark_home / "sbin" / "spark-daemon.sh"), "start", java_class,
                                str(instance), *args], env=env, capture_output=True, text=True, check=False,
                               cwd=self.root, timeout=120, start_new_session=True)
@@ -370,8 +371,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="the platform's folder (default: $PLATFORM_DIR or .platform)")
     parser.add_argument("--no-schedules", action="store_true",
                         help="up: the scheduler runs only triggered and backfill runs, none from the schedules")
+    parser.add_argument("--app-data-ttl", type=int, default=TOPOLOGY.app_data_ttl_s, metavar="SECONDS",
+                        help="up: how long the Spark workers keep a finished application's folder (its logs and "
+                             f"jars; default {TOPOLOGY.app_data_ttl_s})")
     args = parser.parse_args(argv)
-    platform = Platform(Path(args.root).resolve(), schedules=not args.no_schedules)
+    if args.app_data_ttl < 1:
+        parser.error("--app-data-ttl must be a positive number of seconds")
+    topology = replace(TOPOLOGY, app_data_ttl_s=args.app_data_ttl,
+                       worker_cleanup_interval_s=min(TOPOLOGY.worker_cleanup_interval_s, args.app_data_ttl))
+    platform = Platform(Path(args.root).resolve(), topology=topology, schedules=not args.no_schedules)
     if args.command == "down":
         stopped = platform.down()
         print(f"stopped: {', '.join(stopped)}" if stopped else "nothing of the platform was running")

@@ -32,6 +32,11 @@ class Topology:
     # Cores an application gets unless it asks for more (the master's spark.deploy.defaultCores): without it,
     # the first application takes every core and a second pipeline's run waits for it to end.
     app_cores: int = 1
+    # A worker keeps each application's folder (its executor's logs and a copy of every jar the driver ships:
+    # ~670 MB with the AWS SDK for s3a) until its own clean-up removes it; Spark's default keeps them 7 days,
+    # which fills a disk in a day of hourly runs. A finished application's folder goes after this long.
+    app_data_ttl_s: int = 900
+    worker_cleanup_interval_s: int = 120
     airflow_executor: str = "LocalExecutor"
     airflow_components: tuple[str, ...] = ("api-server", "scheduler", "dag-processor")
     airflow_admin: str = "admin"
@@ -59,6 +64,11 @@ class Topology:
     def master_options(self) -> str:
         """``SPARK_MASTER_OPTS`` of the standalone master."""
         return f"-Dspark.deploy.defaultCores={self.app_cores}"
+
+    def worker_options(self) -> str:
+        """``SPARK_WORKER_OPTS`` of each worker: its clean-up of finished applications' folders."""
+        return (f"-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval={self.worker_cleanup_interval_s}"
+                f" -Dspark.worker.cleanup.appDataTtl={self.app_data_ttl_s}")
 
     def sluice_settings(self) -> dict[str, str]:
         """Where sluice's tasks find the landing zone and the lake."""

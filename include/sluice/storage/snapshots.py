@@ -122,9 +122,47 @@ def commit_metadata(path: str, depth: int = 1) -> list[tuple[int, dict[str, Any]
 
 
 def dataset(path: str, version: int | None = None) -> pads.Dataset | None:
-    """The snapshot as a pyarrow dataset (filters and column selection pushed down), or None when absent."""
+    """The snapshot as a pyarrow dataset (filters and column selection pushed down), or None when absent.
+
+    Its live files with their partition values, as delta-rs's ``to_pyarrow_dataset`` gives them, but read through
+    pyarrow's own file system (local or S3) instead of delta-rs's Python-backed one: with that one, each file
+    pyarrow's I/O threads read goes through Python and needs the GIL, a known way for a scan to hang for ever in
+    a process where other threads (Spark's callback server, a test's servers) hold it or wait on it. A table
+    whose files alone are not its rows (column mapping, deletion vectors) is left to delta-rs."""
+    import pyarrow.dataset as pads  # only here: it is not needed by most commands
+
     table = open_table(path, version)
-    return None if table is None else table.to_pyarrow_dataset()
+    if table is None:
+        return None
+    if not rows_are_files(table):
+        return table.to_pyarrow_dataset()
+    schema = pa.schema(table.schema().to_arrow())
+    files = live_files(path, table)
+    fs, _ = _native_filesystem(str(path))
+    return pads.FileSystemDataset.from_paths(
+        [_native_filesystem(f.path)[1] for f in files], schema=schema, format=pads.ParquetFileFormat(),
+        filesystem=fs, partitions=[_partition_expression(f.partition, schema) for f in files])
+
+
+def _native_filesystem(uri: str) -> tuple[Any, str]:
+    """:func:`filesystem`, with the local one named (a dataset built from paths needs it)."""
+    fs, where = filesystem(uri)
+    if fs is not None:
+        return fs, where
+    from pyarrow.fs import LocalFileSystem
+
+    return LocalFileSystem(), unquote(where.removeprefix("file://")) if where.startswith("file://") else where
+
+
+def _partition_expression(values: Mapping[str, Any], schema: pa.Schema) -> pc.Expression:
+    """The file's partition values as the expression pyarrow fills its partition columns from."""
+    import pyarrow.compute as pc
+
+    expression = pc.scalar(True)
+    for name, value in values.items():
+        field = pc.field(name)
+        expression &= field.is_null() if value is None else field == pa.scalar(value, schema.field(name).type)
+    return expression
 
 
 def _data_files(path: str, table: DeltaTable) -> list[str]:
