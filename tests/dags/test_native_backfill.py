@@ -271,8 +271,7 @@ def test_airflow_backfill_create_reprocesses_the_windows_of_each_run(deployment:
 
     d.airflow("db", "migrate")
     d.start("api-server")
-    d.start("scheduler")
-    # While they start: one cycle through the CLI (ingest; both hours closed), as a scheduled run would have
+    # While it starts: one cycle through the CLI (ingest; both hours closed), as a scheduled run would have
     # done (its checks are not what this test is about); and the DAGs into the metadata DB (what the
     # dag-processor does), the DAG unpaused (tasks of a paused DAG are never scheduled, backfill or not).
     cycle = d.spawn("sluice-run", str(VENV_BIN / "sluice"), "run", PIPELINE, "--skip-quality")
@@ -292,6 +291,11 @@ def test_airflow_backfill_create_reprocesses_the_windows_of_each_run(deployment:
     created = d.airflow("backfill", "create", "--dag-id", PIPELINE,
                         "--from-date", z(START), "--to-date", z(START + M15),
                         "--dag-run-conf", json.dumps({"include_late": True}))
+    # The scheduler starts once the backfill's runs are in the metadata DB, and runs them. Not before: on SQLite,
+    # a scheduler loop writing while the CLI inserts its second run made the CLI fail at once with 'database is
+    # locked' (a transaction that read cannot wait for a write lock another holds: SQLite's busy timeout does
+    # not apply, CI 2026-11-28). Airflow's PostgreSQL (make platform, tests/platform) has no such limit.
+    d.start("scheduler")
 
     deadline = time.monotonic() + 600
     while True:
