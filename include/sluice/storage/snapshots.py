@@ -129,13 +129,16 @@ def dataset(path: str, version: int | None = None) -> pads.Dataset | None:
     pyarrow's I/O threads read goes through Python and needs the GIL, a known way for a scan to hang for ever in
     a process where other threads (Spark's callback server, a test's servers) hold it or wait on it. A table
     whose files alone are not its rows (column mapping, deletion vectors) is left to delta-rs."""
-    import pyarrow.dataset as pads  # only here: it is not needed by most commands
-
     table = open_table(path, version)
     if table is None:
         return None
-    if not rows_are_files(table):
-        return table.to_pyarrow_dataset()
+    return _files_dataset(path, table) if rows_are_files(table) else table.to_pyarrow_dataset()
+
+
+def _files_dataset(path: str, table: DeltaTable) -> pads.Dataset:
+    """``table``'s live files as a pyarrow dataset on pyarrow's own file system, each with its partition values."""
+    import pyarrow.dataset as pads  # only here: it is not needed by most commands
+
     schema = pa.schema(table.schema().to_arrow())
     files = live_files(path, table)
     fs, _ = _native_filesystem(str(path))
@@ -197,15 +200,7 @@ def read_selected_rows(path: str, selection: pc.Expression) -> pa.Table | None:
     table = open_table(path)
     if table is None or not rows_are_files(table):
         return None
-    schema = pa.schema(table.schema().to_arrow())
-    files = _data_files(path, table)
-    if not files:
-        return schema.empty_table()
-    import pyarrow.dataset as pads  # only here: it is not needed by most commands
-
-    fs, _ = filesystem(str(path))
-    paths = [filesystem(f)[1] for f in files]
-    return pads.dataset(paths, schema=schema, format="parquet", filesystem=fs).to_table(filter=selection)
+    return _files_dataset(path, table).to_table(filter=selection)
 
 
 # Ops tables are read many times per cycle and grow by one small file per commit, so a cycle that re-read
