@@ -604,8 +604,8 @@ class Bench:
     def _base_env(bindir: Path) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
         # Keep the knobs that shape Spark the same for everyone; drop anything that points elsewhere.
-        for key in ("SLUICE_DRIVER_MEMORY", "SLUICE_SHUFFLE_PARTITIONS", "SLUICE_SPARK_MASTER",
-                    "SLUICE_MAX_FILES_PER_TRIGGER"):
+        for key in ("SLUICE_DRIVER_MEMORY", "SLUICE_EXECUTOR_MEMORY", "SLUICE_SHUFFLE_PARTITIONS",
+                    "SLUICE_SPARK_MASTER", "SLUICE_MAX_FILES_PER_TRIGGER"):
             if key in os.environ:
                 env[key] = os.environ[key]
         env.update(

@@ -350,6 +350,8 @@ def test_spark_defaults_fit_the_topologys_workers() -> None:
     executor_cores = int(conf["spark.executor.cores"])
     assert executor_cores <= TOPOLOGY.worker_cores, conf
     assert _mebibytes(conf["spark.executor.memory"]) <= _mebibytes(TOPOLOGY.worker_memory), conf
+    # The heap sluice's own sessions ask for (SLUICE_EXECUTOR_MEMORY) and a session started by hand get the same.
+    assert conf["spark.executor.memory"] == TOPOLOGY.sluice_settings()["SLUICE_EXECUTOR_MEMORY"], conf
     executors = TOPOLOGY.spark_workers * (TOPOLOGY.worker_cores // executor_cores)
     per_application = int(conf["spark.cores.max"]) // executor_cores
     assert per_application >= 1 and executors // per_application >= 2, (conf, TOPOLOGY)

@@ -111,6 +111,7 @@ def test_duration_and_timestamp_parsing() -> None:
         ("catchup_min_windows: -1", "catchup_min_windows"),
         ("spark_master: 5", "spark_master"),
         ("driver_memory: [2g]", "driver_memory"),
+        ("executor_memory: 2 GB", "executor_memory"),
         ("delta_engine: [rs]", "delta_engine"),
         ("delta_engine: rs", "delta_engine"),
         ("vacuum_retention_hours: 1", "vacuum_retention_hours"),

@@ -69,6 +69,10 @@ class Settings:
     catchup_min_windows: int = 6
     spark_master: str = "local[2]"
     driver_memory: str = "2g"
+    # spark.executor.memory on a cluster (a local master runs its tasks in the driver's heap). None leaves it to
+    # Spark (1g), or to spark-submit's --executor-memory. make platform sets it to its workers' memory: with
+    # Spark's 1g, a 10M-event catch-up's micro-batch of 1000 files ran the executors out of heap.
+    executor_memory: str | None = None
     # Where Spark keeps the stateful operators' state between micro-batches: hdfs (Spark's default provider:
     # in executor memory, versioned to the checkpoint) or rocksdb (on local disk, for state beyond the heap).
     # A query keeps the store of its first run (its checkpoint records it), so this only shapes new queries.
@@ -270,6 +274,17 @@ def _text(example: str) -> Convert:
     return convert
 
 
+def _memory(example: str) -> Convert:
+    """A JVM memory size as Spark reads it: a whole number and a unit (k, m, g, t), e.g. 512m or 2g."""
+
+    def convert(value: Any, key: str) -> str:
+        if not isinstance(value, str) or not re.fullmatch(r"[1-9][0-9]*[kmgt]b?", value.strip().lower()):
+            raise ConfigError(f"{key}: {value!r} is not a memory size; use a whole number and a unit, e.g. {example}")
+        return value.strip().lower()
+
+    return convert
+
+
 def _choice(choices: Sequence[str]) -> Convert:
     def convert(value: Any, key: str) -> str:
         text = value.strip().lower() if isinstance(value, str) else ""
@@ -336,7 +351,8 @@ _GLOBALS: dict[str, Convert] = {
     "shuffle_partitions": _whole(1),
     "catchup_min_windows": _whole(0),
     "spark_master": _text("local[2] or spark://host:7077"),
-    "driver_memory": _text("2g"),
+    "driver_memory": _memory("2g"),
+    "executor_memory": _memory("2g"),
     "delta_engine": _retired_engine,
     "state_store": _choice(STATE_STORES),
     "vacuum_retention_hours": _whole(

@@ -8,6 +8,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import load_settings
+from sluice.core.errors import ConfigError
 from sluice.core.spark import spark_conf
 
 
@@ -34,3 +35,14 @@ def test_a_root_on_object_storage_brings_s3a_jars_and_settings_and_a_local_home_
     assert "hadoop-aws-3.5.0.jar" in remote["spark.jars"] and "delta-spark" in remote["spark.jars"]
     assert remote["spark.hadoop.fs.s3.impl"] == "org.apache.hadoop.fs.s3a.S3AFileSystem"
     assert remote["spark.hadoop.fs.s3a.endpoint"] == "http://127.0.0.1:9000"
+
+
+def test_the_executors_heap_is_spark_s_unless_set_and_a_bad_size_names_the_setting(tmp_path: Path) -> None:
+    """On a cluster the executors' heap is SLUICE_EXECUTOR_MEMORY (make platform: its workers' memory); unset, Spark's
+    own default (or spark-submit's --executor-memory) stands."""
+    assert "spark.executor.memory" not in spark_conf(load_settings({}, home=tmp_path))
+    conf = spark_conf(load_settings({"SLUICE_EXECUTOR_MEMORY": "2G"}, home=tmp_path))
+    assert conf["spark.executor.memory"] == "2g"
+    for wrong in ("2 GB", "1.5g", "lots"):
+        with pytest.raises(ConfigError, match=r"SLUICE_EXECUTOR_MEMORY.*e\.g\. 2g"):
+            load_settings({"SLUICE_EXECUTOR_MEMORY": wrong}, home=tmp_path)

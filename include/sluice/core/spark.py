@@ -125,6 +125,8 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.driver.memory": settings.driver_memory,
+        # The executors' heap on a cluster: a shuffle partition of a catch-up's micro-batch is cached there.
+        **({"spark.executor.memory": settings.executor_memory} if settings.executor_memory else {}),
         # Ingest parses each line once as a VARIANT. A key given twice takes its last value, as Spark's
         # from_json does, instead of making the line malformed.
         "spark.sql.variant.allowDuplicateKeys": "true",

@@ -71,8 +71,10 @@ class Topology:
                 f" -Dspark.worker.cleanup.appDataTtl={self.app_data_ttl_s}")
 
     def sluice_settings(self) -> dict[str, str]:
-        """Where sluice's tasks find the landing zone and the lake."""
-        return {"SLUICE_LANDING": self.landing, "SLUICE_LAKE": self.lake}
+        """Where sluice's tasks find the landing zone and the lake, and the heap their executors ask for: the
+        whole of a worker's memory (one executor of one core per worker; Spark's 1g left half of it unused, and
+        a 10M-event catch-up ran out of heap in it)."""
+        return {"SLUICE_LANDING": self.landing, "SLUICE_LAKE": self.lake, "SLUICE_EXECUTOR_MEMORY": self.worker_memory}
 
     def airflow_settings(self) -> dict[str, str]:
         """What every Airflow component agrees on, wherever it runs (the rest is per host: URLs, secrets)."""
