@@ -144,9 +144,14 @@ def _shape(events: int, smoke: bool) -> tuple[int, int]:
     return hours, max(1, round(events / hours))
 
 
-def _cached(events: int, root: Path, smoke: bool) -> tuple[Path, Dataset | None]:
+def _early_tag(early_share: float | None) -> str:
+    """A cache name's mark for a data set generated with a share of early records other than the generator's."""
+    return "" if early_share is None else f"-e{early_share:g}"
+
+
+def _cached(events: int, root: Path, smoke: bool, early_share: float | None = None) -> tuple[Path, Dataset | None]:
     hours, _per_hour = _shape(events, smoke)
-    target = root / f"ad_clicks-v{DATA_VERSION}-n{events}-h{hours}-f{FILE_MINUTES}"
+    target = root / f"ad_clicks-v{DATA_VERSION}-n{events}-h{hours}-f{FILE_MINUTES}{_early_tag(early_share)}"
     marker = target / "dataset.json"
     if marker.exists():
         data = Dataset(**json.loads(marker.read_text()))
@@ -156,27 +161,29 @@ def _cached(events: int, root: Path, smoke: bool) -> tuple[Path, Dataset | None]
     return target, None
 
 
-def ensure_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
+def ensure_dataset(events: int, root: Path, smoke: bool = False, early_share: float | None = None) -> Dataset:
     """The cached data set of this size, generated first if needed, in a subprocess: the generator holds
     a day of records in memory, and a bench process that had grown that large would pass its peak RSS on
-    to every child it forks (Linux carries ru_maxrss across fork + exec)."""
-    _target, data = _cached(events, root, smoke)
+    to every child it forks (Linux carries ru_maxrss across fork + exec). ``early_share`` overrides the
+    generator's share of early records (None: its default)."""
+    _target, data = _cached(events, root, smoke, early_share)
     if data is None:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--task", "generate", "--events", str(events),
-               "--data-dir", str(root), *(["--smoke"] if smoke else [])]
+               "--data-dir", str(root), *(["--smoke"] if smoke else []),
+               *([] if early_share is None else ["--early-share", repr(early_share)])]
         subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
-        _target, data = _cached(events, root, smoke)
+        _target, data = _cached(events, root, smoke, early_share)
     if data is None:
         raise RuntimeError(f"generating {events} events under {root} left no data set")
     return data
 
 
-def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
+def generate_dataset(events: int, root: Path, smoke: bool = False, early_share: float | None = None) -> Dataset:
     """Generate the landing files once per size (cached under ``root``) with the product's generator."""
     from sluice_tools.generate import DEFAULT_START
 
     hours, per_hour = _shape(events, smoke)
-    target, cached = _cached(events, root, smoke)
+    target, cached = _cached(events, root, smoke, early_share)
     if cached is not None:
         return cached
     key = target.name
@@ -188,7 +195,7 @@ def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     lines: dict[str, int] = {}
     files: dict[str, int] = {}
     accepted: dict[str, int] = {}
-    for manifest in _generate_chunks(landing, DEFAULT_START, hours, per_hour, FILE_MINUTES):
+    for manifest in _generate_chunks(landing, DEFAULT_START, hours, per_hour, FILE_MINUTES, early_share):
         for name, stream in manifest.streams.items():
             lines[name] = lines.get(name, 0) + stream.lines
             files[name] = files.get(name, 0) + stream.files
@@ -209,7 +216,8 @@ def generate_dataset(events: int, root: Path, smoke: bool = False) -> Dataset:
     return data
 
 
-def _generate_chunks(landing: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Any:
+def _generate_chunks(landing: Path, start: datetime, hours: float, per_hour: int, file_minutes: int,
+                     early_share: float | None = None) -> Any:
     """The product's generator over ``hours`` from ``start``, a day (CHUNK_HOURS) per call: yields each
     chunk's manifest. Chunks are independent (late records and cross-file duplicates stay inside a chunk),
     which keeps the generator's memory bounded and never makes an on-time record late at a chunk boundary."""
@@ -223,6 +231,7 @@ def _generate_chunks(landing: Path, start: datetime, hours: float, per_hour: int
             click_rate=0.1,
             streams=("impressions", "clicks"),
             file_minutes=file_minutes,
+            **({} if early_share is None else {"early_share": early_share}),
         )
         yield generate(landing, options)
 
@@ -262,23 +271,27 @@ class Span:
         return lines
 
 
-def _span_dir(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Path:
-    return root / f"ad_clicks-v{DATA_VERSION}-span-{start:%Y%m%dT%H%M}-h{hours:g}-r{per_hour}-f{file_minutes}"
+def _span_dir(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int,
+              early_share: float | None = None) -> Path:
+    return root / (f"ad_clicks-v{DATA_VERSION}-span-{start:%Y%m%dT%H%M}-h{hours:g}-r{per_hour}-f{file_minutes}"
+                   f"{_early_tag(early_share)}")
 
 
-def ensure_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Span:
+def ensure_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int,
+                early_share: float | None = None) -> Span:
     """The cached span, generated first if needed (in a subprocess, as for ``ensure_dataset``)."""
-    marker = _span_dir(root, start, hours, per_hour, file_minutes) / "span.json"
+    marker = _span_dir(root, start, hours, per_hour, file_minutes, early_share) / "span.json"
     if not marker.exists():
         cmd = [sys.executable, str(Path(__file__).resolve()), "--task", "span", "--data-dir", str(root),
                "--span", json.dumps({"start": _ts(start), "hours": hours, "per_hour": per_hour,
-                                     "file_minutes": file_minutes})]
+                                     "file_minutes": file_minutes, "early_share": early_share})]
         subprocess.run(cmd, check=True, cwd=REPO, stdout=subprocess.DEVNULL)
     return Span(**json.loads(marker.read_text()))
 
 
-def generate_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int) -> Span:
-    target = _span_dir(root, start, hours, per_hour, file_minutes)
+def generate_span(root: Path, start: datetime, hours: float, per_hour: int, file_minutes: int,
+                  early_share: float | None = None) -> Span:
+    target = _span_dir(root, start, hours, per_hour, file_minutes, early_share)
     if (target / "span.json").exists():
         return Span(**json.loads((target / "span.json").read_text()))
     partial = root / f"{target.name}.partial-{os.getpid()}"
@@ -287,7 +300,7 @@ def generate_span(root: Path, start: datetime, hours: float, per_hour: int, file
         f"-> {target}")
     started = time.monotonic()
     files: dict[str, list[dict[str, Any]]] = {}
-    for manifest in _generate_chunks(partial / "landing", start, hours, per_hour, file_minutes):
+    for manifest in _generate_chunks(partial / "landing", start, hours, per_hour, file_minutes, early_share):
         for name, stream in manifest.streams.items():
             files.setdefault(name, []).extend(
                 {"name": f.name, "event_start": _ts(f.event_start), "event_end": _ts(f.event_end),
@@ -1229,6 +1242,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--keep", action="store_true", help="keep the sluice homes of the runs")
     parser.add_argument("--task", choices=("generate", "totals", "span", "state"), help=argparse.SUPPRESS)
     parser.add_argument("--span", help=argparse.SUPPRESS)
+    parser.add_argument("--early-share", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--kind", choices=("parquet", "delta"), help=argparse.SUPPRESS)
     parser.add_argument("--path", help=argparse.SUPPRESS)
     parser.add_argument("--budget-min", type=float, default=14.0,
@@ -1275,7 +1289,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.task == "generate":
         root = Path(args.data_dir) if args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"
-        print(json.dumps(asdict(generate_dataset(args.events, root, smoke=args.smoke))))
+        print(json.dumps(asdict(generate_dataset(args.events, root, smoke=args.smoke, early_share=args.early_share))))
         return 0
     if args.task == "totals":
         print(json.dumps(output_totals(args.kind, Path(args.path))))
@@ -1283,7 +1297,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.task == "span":
         spec = json.loads(args.span)
         root = Path(args.data_dir) if args.data_dir else Path(tempfile.gettempdir()) / "sluice-bench-data"
-        span = generate_span(root, _parse_ts(spec["start"]), spec["hours"], spec["per_hour"], spec["file_minutes"])
+        span = generate_span(root, _parse_ts(spec["start"]), spec["hours"], spec["per_hour"], spec["file_minutes"],
+                             spec.get("early_share"))
         print(span.landing)
         return 0
     if args.task == "state":
