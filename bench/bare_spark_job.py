@@ -9,6 +9,7 @@ sides do the same work. Nothing else: no quarantine, no DLQ, no bronze, no ledge
 heartbeats (so windows the data's own watermark has not passed are not emitted).
 
     python bench/bare_spark_job.py --landing DIR --out DIR [--master local[2]] [--conf-json '{...}']
+                                   [--max-files-per-trigger N]
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ def main() -> int:
     parser.add_argument("--landing", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--watermark", default="10 minutes")
+    parser.add_argument("--max-files-per-trigger", type=int,
+                        help="bound each micro-batch to this many files (default: Spark's, all of them)")
     add_spark_args(parser)
     args = parser.parse_args()
 
@@ -44,9 +47,13 @@ def main() -> int:
     t_session = time.monotonic()
     from pyspark.sql import functions as F
 
+    # A long backlog in one micro-batch keeps all of its join and dedup state at once (the watermark only
+    # evicts between batches); a bound, as sluice's own ingest has, keeps a catch-up within the executors.
+    per_trigger = {"maxFilesPerTrigger": str(args.max_files_per_trigger)} if args.max_files_per_trigger else {}
+
     def impressions():
         return (
-            spark.readStream.schema(schema(IMPRESSION_FIELDS)).json(f"{args.landing.rstrip('/')}/impressions")
+            spark.readStream.schema(schema(IMPRESSION_FIELDS)).options(**per_trigger).json(f"{args.landing.rstrip('/')}/impressions")
             .select("impression_id", "ad_id", F.try_to_timestamp("event_time").alias("impression_time"))
             .where(F.col("impression_id").isNotNull() & F.col("ad_id").isNotNull()
                    & F.col("impression_time").isNotNull())
@@ -56,7 +63,7 @@ def main() -> int:
 
     def clicks():
         return (
-            spark.readStream.schema(schema(CLICK_FIELDS)).json(f"{args.landing.rstrip('/')}/clicks")
+            spark.readStream.schema(schema(CLICK_FIELDS)).options(**per_trigger).json(f"{args.landing.rstrip('/')}/clicks")
             .select("click_id", F.col("impression_id").alias("click_impression_id"),
                     F.col("ad_id").alias("click_ad_id"), F.try_to_timestamp("event_time").alias("click_time"))
             .where(F.col("click_id").isNotNull() & F.col("click_impression_id").isNotNull()

@@ -423,6 +423,9 @@ CYCLE_RE = {
     "render": re.compile(r"^sluice run \S+: (\d+) batch\(es\) in ([0-9.]+)s"),
     "backfill": re.compile(r"^sluice backfill .*: (\d+) window\(s\) rewritten in ([0-9.]+)s"),
 }
+# What happened to a landing file's lines, from its ingest line (heartbeats have none).
+OUTCOMES_RE = re.compile(r"\blines=(\d+) accepted=(\d+) quarantined=(\d+) late=(\d+) duplicates=(\d+)")
+OUTCOMES = ("lines", "accepted", "quarantined", "late", "duplicates")
 
 
 def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wall: float) -> dict[str, Any]:
@@ -437,9 +440,12 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
       (with neither, the two steps cannot be told apart and are reported together as aggregate+dq);
     * report: until the CLI prints its summary (accounting table); teardown: the rest (JVM exit).
     A backfill logs too little for this; it gets in_process (its own timer) and startup+teardown.
+    ``outcomes`` sums what the ingest lines say happened to the landing lines (accepted, quarantined, late,
+    duplicates), so that a run whose records went to the DLQ is not read as a measure of the pipeline.
     """
     marks: dict[str, float] = {}
-    d: dict[str, Any] = {"ingest_batches": {}, "heartbeats": {}, "closed_windows": {}}
+    d: dict[str, Any] = {"ingest_batches": {}, "heartbeats": {}, "closed_windows": {},
+                         "outcomes": dict.fromkeys(OUTCOMES, 0)}
     # Both streams: once Great Expectations is imported, some log lines go to stdout in another format.
     for ts, line in sorted([*err, *out], key=lambda item: item[0]):
         if CYCLE_RE["ingest_start"].search(line):
@@ -451,6 +457,9 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
             marks[f"ingest_end_{stream}"] = ts
             key = "heartbeats" if m.group(2) else "ingest_batches"
             d[key][stream] = d[key].get(stream, 0) + 1
+            if counts := OUTCOMES_RE.search(line):
+                for name, value in zip(OUTCOMES, counts.groups(), strict=True):
+                    d["outcomes"][name] += int(value)
         elif CYCLE_RE["catchup_end"].search(line):
             marks["catchup_end"] = ts
         elif CYCLE_RE["dq_start"].search(line):

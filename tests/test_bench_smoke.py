@@ -62,6 +62,14 @@ def test_bench_smoke(tmp_path: Path) -> None:
     assert dag["details"]["run_succeeded"], dag["details"]
     assert set(dag["details"]["tasks_succeeded"]) == {"choose_path", "run_cycle", "check_quality", "send_alerts"}
     assert all(n >= 1 for n in dag["details"]["ingested_batches"].values()), dag["details"]["ingested_batches"]
+    # What the cycles' ingest lines say happened to the landing lines adds up, and the late share is the
+    # generator's (0.2%), not a DLQ flood: bench/cluster.py flags runs above 1% by the same count.
+    for run in (r for r in data["runs"] if r["stage"] == "cycle"):
+        outcomes = run["details"]["outcomes"]
+        assert outcomes["lines"] > 0, outcomes
+        assert outcomes["lines"] == sum(outcomes[k] for k in ("accepted", "quarantined", "late", "duplicates"))
+        assert outcomes["lines"] <= sum(data["dataset"]["lines"].values()), (outcomes, data["dataset"]["lines"])
+        assert outcomes["late"] < 0.01 * outcomes["lines"], outcomes
     # Every incremental cycle ingested its increment (one landing file per stream).
     for run in (r for r in data["runs"] if r["stage"] in ("incr_cycle", "incr_short_hist", "incr_long_hist")):
         assert run["details"]["ingest_batches"] == {"impressions": 1, "clicks": 1}, (run["stage"], run["details"])
