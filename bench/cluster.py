@@ -7,7 +7,11 @@ impressions, plus ~10% clicks: the reference rate, so 10M is ten days of the sam
 
   catchup_cycle  ``sluice run ad_clicks_hourly`` of the whole data set, landing zone and lake in the bucket
   catchup_bare   bench/bare_spark_job.py (hand-written Structured Streaming, delta-spark sink) on the same files,
-                 its landing, checkpoint and tables in the bucket too
+                 its landing, checkpoint and tables in the bucket too; its micro-batches bounded as sluice's
+                 are (max_files_per_trigger) and its state in RocksDB, as a backlog of days needs
+
+The data sets have no early records (EARLY_SHARE), and a sluice run with more than 1% of its lines late is
+flagged (LATE_LIMIT): either would mean the run measured the DLQ.
   incr_cycle     then 8 increments of 15 minutes, each uploaded to both landing zones and run by both sides,
   incr_bare      alternating which goes first
 
