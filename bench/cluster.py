@@ -9,11 +9,11 @@ impressions, plus ~10% clicks: the reference rate, so 10M is ten days of the sam
   catchup_bare   bench/bare_spark_job.py (hand-written Structured Streaming, delta-spark sink) on the same files,
                  its landing, checkpoint and tables in the bucket too; its micro-batches bounded as sluice's
                  are (max_files_per_trigger) and its state in RocksDB, as a backlog of days needs
+  incr_cycle     then 8 increments of 15 minutes, each uploaded to both landing zones and run by both sides,
+  incr_bare      alternating which goes first
 
 The data sets have no early records (EARLY_SHARE), and a sluice run with more than 1% of its lines late is
 flagged (LATE_LIMIT): either would mean the run measured the DLQ.
-  incr_cycle     then 8 increments of 15 minutes, each uploaded to both landing zones and run by both sides,
-  incr_bare      alternating which goes first
 
 The files are uploaded in their arrival order before each catch-up (untimed); an object's arrival time is its
 upload (SPEC 1), so both sides read the same files in the same order. The DAGs of the platform are paused while
@@ -164,8 +164,8 @@ class ClusterBench:
         log(f"{stage:<14} n={events:<11,} rep={rep} wall={wall:7.1f}s rc={rc}")
         if failed:
             log(f"{stage} failed (rc={rc}):\n{run.stderr_tail}\n{run.stdout_tail}")
-        if late_share(run) > LATE_LIMIT:
-            log(f"WARNING: {stage} n={events:,} rep={rep}: sluice sent {late_share(run):.1%} of the lines to the "
+        if (late := late_share(run)) > LATE_LIMIT:
+            log(f"WARNING: {stage} n={events:,} rep={rep}: sluice sent {late:.1%} of the lines to the "
                 "DLQ as late; this run measures the DLQ, not the pipeline")
         return run
 
