@@ -577,15 +577,17 @@ def test_both_images_fetch_the_delta_jars_of_the_lock(compose: dict[str, Any]) -
     assert len(jar_dirs) == 1, jar_dirs
 
 
-def test_the_drivers_image_fetches_the_s3a_jars_for_a_lake_in_the_bucket(compose: dict[str, Any]) -> None:
-    """The drivers run in the Airflow image (LocalExecutor, client mode); a session for an s3:// lake asks for
-    jars.lock's `s3` set (the s3a file system) besides `delta`, so the image fetches both at build time."""
+@pytest.mark.parametrize("image", ["airflow", "spark"])
+def test_each_image_fetches_the_s3a_jars_for_a_lake_in_the_bucket(compose: dict[str, Any], image: str) -> None:
+    """A session for an s3:// lake needs jars.lock's `s3` set (the s3a file system) besides `delta`: the drivers
+    in the Airflow image (LocalExecutor, client mode), and the executors in the Spark image, which load them
+    from its own copy. Both images fetch both sets at build time."""
     from sluice.core.jars import locked
 
     assert _env(_services(compose)["airflow-scheduler"])["SLUICE_LAKE"].startswith("s3://")
     fetches = [
         command
-        for keyword, rest in _instructions(REPO / "docker/airflow/Dockerfile")
+        for keyword, rest in _instructions(REPO / f"docker/{image}/Dockerfile")
         if keyword == "RUN"
         for command in _shell_commands(rest)
         if command[:1] in (["python3"], ["python"]) and command[2:3] == ["fetch"]
@@ -594,6 +596,14 @@ def test_the_drivers_image_fetches_the_s3a_jars_for_a_lake_in_the_bucket(compose
     sets = {fetches[0][i + 1] for i, token in enumerate(fetches[0]) if token == "--set"}
     assert sets >= {"delta", "s3"}, fetches[0]
     assert locked(["s3"]), "jars.lock has no s3 set"
+
+
+@pytest.mark.parametrize("name", SLUICE_SERVICES)
+def test_the_executors_load_the_jars_of_the_spark_image(compose: dict[str, Any], name: str) -> None:
+    """Every container that starts Spark sessions names the Spark image's jar folder as the executors'
+    (SLUICE_EXECUTOR_JARS): its sessions put it on the executors' class path and ship no jar."""
+    spark_jars = _env_settings(REPO / "docker/spark/Dockerfile")["SLUICE_JARS_DIR"]
+    assert _resolved_env(_services(compose)[name]).get("SLUICE_EXECUTOR_JARS") == spark_jars, name
 
 
 def test_the_locked_delta_jars_match_the_pinned_spark_and_delta_spark() -> None:

@@ -73,6 +73,11 @@ class Settings:
     # Spark (1g), or to spark-submit's --executor-memory. make platform sets it to its workers' memory: with
     # Spark's 1g, a 10M-event catch-up's micro-batch of 1000 files ran the executors out of heap.
     executor_memory: str | None = None
+    # A folder that holds sluice's pinned jars on every worker of the cluster (the jar cache of the workers'
+    # image, laid out as SLUICE_JARS_DIR is). Set, the executors load Delta's and s3a's jars from there
+    # (spark.executor.extraClassPath) and the driver ships them none: shipped, every application's executors
+    # each copied ~700 MB (the AWS SDK bundle) before their first task. None: the driver ships them.
+    executor_jars: str | None = None
     # Where Spark keeps the stateful operators' state between micro-batches: hdfs (Spark's default provider:
     # in executor memory, versioned to the checkpoint) or rocksdb (on local disk, for state beyond the heap).
     # A query keeps the store of its first run (its checkpoint records it), so this only shapes new queries.
@@ -274,6 +279,18 @@ def _text(example: str) -> Convert:
     return convert
 
 
+def _absolute_folder(example: str) -> Convert:
+    """A folder as an absolute POSIX path: it names a place on other hosts (the workers), so nothing here can
+    resolve a relative one or check that it exists."""
+
+    def convert(value: Any, key: str) -> str:
+        if not isinstance(value, str) or not value.strip().startswith("/"):
+            raise ConfigError(f"{key}: {value!r} is not an absolute folder; use e.g. {example}")
+        return value.strip().rstrip("/") or "/"
+
+    return convert
+
+
 def _memory(example: str) -> Convert:
     """A JVM memory size as Spark reads it: a whole number and a unit (k, m, g, t), e.g. 512m or 2g."""
 
@@ -353,6 +370,7 @@ _GLOBALS: dict[str, Convert] = {
     "spark_master": _text("local[2] or spark://host:7077"),
     "driver_memory": _memory("2g"),
     "executor_memory": _memory("2g"),
+    "executor_jars": _absolute_folder("/opt/sluice-jars"),
     "delta_engine": _retired_engine,
     "state_store": _choice(STATE_STORES),
     "vacuum_retention_hours": _whole(

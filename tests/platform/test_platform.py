@@ -180,6 +180,16 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     apps = [a for a in platform.master_state()["completedapps"] if a["id"] not in apps_before]
     assert with_work <= len(apps) <= with_work + in_flight, (with_work, in_flight, apps)
     assert all(a["state"] == "FINISHED" and a["cores"] == TOPOLOGY.app_cores for a in apps), apps
+    # The executors loaded Delta's and s3a's jars from the workers' own copy (SLUICE_EXECUTOR_JARS): each
+    # executor's command names it, and no application's folder holds a jar its driver shipped (~700 MB each).
+    executors = [p for w in TOPOLOGY.worker_names for p in (platform.root / "spark" / w).glob("app-*/*")
+                 if (p / "stderr").is_file()]
+    assert executors, "no executor folder left on the workers"
+    commands = [line for p in executors for line in (p / "stderr").read_text(errors="replace").splitlines()
+                if line.startswith("Spark Executor Command:")]
+    assert len(commands) == len(executors), commands
+    assert all(f"{platform.worker_jars}/io/delta/" in c and "hadoop-aws" in c for c in commands), commands[:1]
+    assert not [j for p in executors for j in p.glob("*.jar")], executors
     # The executors wrote to the bucket: no table file on a local disk of the platform.
     assert re.search(r"tables: [1-9][0-9]* Parquet objects in s3://sluice/lake; 0 on the local disks", stdout), stdout
     # The late file was corrected by the next run, by itself.
@@ -198,9 +208,10 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
 
 
 def _check_the_workers_remove_finished_applications(platform: Platform) -> None:
-    """Each application leaves a folder on its worker (executor logs, a copy of every shipped jar: ~670 MB with
-    the AWS SDK); the workers remove it once it has finished for the TTL, by their periodic clean-up, which
-    says so in its log. (The demo's first applications finished minutes before this runs.)"""
+    """Each application leaves a folder on its worker (executor logs, and a copy of every jar its driver ships:
+    none from sluice's tasks, ~700 MB for a job that ships the AWS SDK); the workers remove it once it has
+    finished for the TTL, by their periodic clean-up, which says so in its log. (The demo's first applications
+    finished minutes before this runs.)"""
     import time
 
     # A folder's last file is written when its application ends; the clean-up runs every min(120 s, TTL).

@@ -210,14 +210,26 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from sluice.config import load_settings
-        from sluice.core.spark import delta_jars, log_conf  # imports PySpark: at run time, never at parse time
+        from sluice.core.spark import (  # imports PySpark: at run time, never at parse time
+            delta_jars,
+            driver_class_path,
+            executor_class_path,
+            log_conf,
+        )
 
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
         # Delta's connector (and S3A's, for roots on object storage) on the driver's classpath from the start
         # (spark.jars set by the job's session would reach the executors only), and shipped to the executors
-        # of a cluster that shares no disk. The job's settings are those of its environment.
+        # of a cluster that shares no disk, unless its workers hold them (SLUICE_EXECUTOR_JARS: the job's
+        # session puts that folder on the executors' class path). The job's settings are its environment's.
         settings = load_settings({**os.environ, **self.env_vars})
-        self.jars = ",".join(j for j in (self.jars, delta_jars(settings)) if j)
+        on_workers = executor_class_path(settings)
+        if on_workers is None:
+            self.jars = ",".join(j for j in (self.jars, delta_jars(settings)) if j)
+        else:
+            self.driver_class_path = os.pathsep.join(
+                p for p in (self.driver_class_path, driver_class_path(settings)) if p)
+            self.conf = {"spark.executor.extraClassPath": on_workers, **(self.conf or {})}
         if self.clock_from_data_interval:
             self.env_vars = with_clock(self.env_vars, context.get("data_interval_end"))
         # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties), unless the task says.

@@ -155,9 +155,13 @@ def delta_conf(settings: Settings | None = None) -> dict[str, str]:
     (``make setup`` fetched them; :class:`sluice.core.jars.MissingJarsError` names that command when they
     are missing), and its SQL extension and catalog, so that ``format("delta")``, ``DeltaTable.forPath``
     and ``delta.`<uri>``` SQL all work in sluice's sessions as in any Spark shop's. The spark-submit tasks
-    of the DAGs pass the same jars with ``--jars`` (:func:`delta_jars`)."""
+    of the DAGs pass the same jars with ``--jars`` (:func:`delta_jars`).
+
+    On a cluster whose workers hold the jars themselves (``executor_jars``), the driver ships none: the
+    executors load them from that folder and the driver from its own cache, each with its ``extraClassPath``
+    (the DAGs' spark-submit tasks pass ``--driver-class-path``)."""
     return {
-        "spark.jars": delta_jars(settings),
+        **jars_conf(settings),
         "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
         "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
         # Delta replays a table's log with this many tasks (default 50): sluice's tables have short logs
@@ -166,12 +170,38 @@ def delta_conf(settings: Settings | None = None) -> dict[str, str]:
     }
 
 
+def _jar_sets(settings: Settings | None) -> tuple[str, ...]:
+    return ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
+
+
 def delta_jars(settings: Settings | None = None) -> str:
     """Delta's jars, and the s3a file system's when ``settings`` put a root on object storage."""
     from sluice.core.jars import jar_paths
 
-    sets = ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
-    return ",".join(str(p) for p in jar_paths(sets))
+    return ",".join(str(p) for p in jar_paths(_jar_sets(settings)))
+
+
+def driver_class_path(settings: Settings) -> str:
+    """The same jars as a class path (``--driver-class-path``, ``spark.driver.extraClassPath``)."""
+    return os.pathsep.join(delta_jars(settings).split(","))
+
+
+def executor_class_path(settings: Settings) -> str | None:
+    """Where the executors find the jars on their own disk (``executor_jars``), or None: the driver ships them."""
+    if not settings.executor_jars:
+        return None
+    from sluice.core.jars import locked
+
+    return os.pathsep.join(f"{settings.executor_jars}/{jar.repo_path}" for jar in locked(_jar_sets(settings)))
+
+
+def jars_conf(settings: Settings | None) -> dict[str, str]:
+    """How the jars reach the driver and the executors: shipped (``spark.jars``), or on each side's class path
+    when the workers hold them (:func:`executor_class_path`)."""
+    on_workers = executor_class_path(settings) if settings is not None else None
+    if settings is None or on_workers is None:
+        return {"spark.jars": delta_jars(settings)}
+    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers}
 
 
 # The state store providers behind Settings.state_store. sluice's state is small and bounded by the watermark

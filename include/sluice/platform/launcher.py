@@ -3,7 +3,9 @@
 
 - ``pg/``: PostgreSQL's cluster (``initdb`` on first start), Airflow's metadata database;
 - ``s3/``: the S3 server's buckets; the lake and the landing zone are ``s3://sluice/lake`` and ``.../landing``;
-- ``spark/``: the standalone master's and workers' folders (each worker has its own: no shared disk);
+- ``spark/``: the standalone master's and workers' folders (each worker has its own: no shared disk), and
+  ``spark/jars/``, the workers' copy of sluice's pinned jars (what their image holds in a deployment): the
+  executors load Delta's and s3a's jars from there (``SLUICE_EXECUTOR_JARS``), and no driver ships them;
 - ``airflow/``: AIRFLOW_HOME (config through the environment, logs, the simple auth manager's passwords);
 - ``home/``: SLUICE_HOME of the Airflow tasks (caches only: everything kept lives in the lake);
 - ``run/`` and ``logs/``: one record (pid, process group, start time) and one log per service;
@@ -139,6 +141,7 @@ class Platform:
             "SPARK_LOCAL_IP": "127.0.0.1",
             "SLUICE_HOME": str(self.root / "home"),
             **self.topology.sluice_settings(),
+            "SLUICE_EXECUTOR_JARS": str(self.worker_jars),
             **self.aws_env(),
             "AIRFLOW_HOME": str(airflow_home),
             **airflow_env({}),
@@ -252,7 +255,30 @@ class Platform:
             daemon.log.unlink(missing_ok=True)
             daemon.log.symlink_to(out)
 
+    @property
+    def worker_jars(self) -> Path:
+        return self.root / "spark" / "jars"
+
+    def install_worker_jars(self) -> None:
+        """The workers' own copy of the pinned jars (``delta`` and ``s3``), laid out as the machine's cache:
+        hard links where the cache is on the same file system, else copies. Each application's executors
+        then start without fetching ~700 MB from their driver."""
+        from sluice.core.jars import cache_dir, jar_paths
+
+        cache = cache_dir()
+        for source in jar_paths(("delta", "s3")):
+            target = self.worker_jars / source.relative_to(cache)
+            if target.is_file() and target.stat().st_size == source.stat().st_size:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.unlink(missing_ok=True)
+            try:
+                os.link(source, target)
+            except OSError:
+                shutil.copyfile(source, target)
+
     def start_spark(self) -> None:
+        self.install_worker_jars()
         self._spark_daemon("spark-master", "org.apache.spark.deploy.master.Master", 1, "--host", "127.0.0.1",
                            "--port", str(self.port("spark_master")),
                            "--webui-port", str(self.port("spark_master_ui")))

@@ -32,9 +32,10 @@ class Topology:
     # Cores an application gets unless it asks for more (the master's spark.deploy.defaultCores): without it,
     # the first application takes every core and a second pipeline's run waits for it to end.
     app_cores: int = 1
-    # A worker keeps each application's folder (its executor's logs and a copy of every jar the driver ships:
-    # ~670 MB with the AWS SDK for s3a) until its own clean-up removes it; Spark's default keeps them 7 days,
-    # which fills a disk in a day of hourly runs. A finished application's folder goes after this long.
+    # A worker keeps each application's folder (its executor's logs, and a copy of every jar the driver ships:
+    # none from sluice's own tasks, whose jars the workers hold, but ~700 MB for a job that ships the AWS SDK)
+    # until its own clean-up removes it; Spark's default keeps them 7 days, which fills a disk in a day of
+    # hourly runs of such jobs. A finished application's folder goes after this long.
     app_data_ttl_s: int = 900
     worker_cleanup_interval_s: int = 120
     airflow_executor: str = "LocalExecutor"
