@@ -174,16 +174,20 @@ def _jar_sets(settings: Settings | None) -> tuple[str, ...]:
     return ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
 
 
-def delta_jars(settings: Settings | None = None) -> str:
-    """Delta's jars, and the s3a file system's when ``settings`` put a root on object storage."""
+def _cached_jars(settings: Settings | None) -> list[str]:
     from sluice.core.jars import jar_paths
 
-    return ",".join(str(p) for p in jar_paths(_jar_sets(settings)))
+    return [str(p) for p in jar_paths(_jar_sets(settings))]
+
+
+def delta_jars(settings: Settings | None = None) -> str:
+    """Delta's jars, and the s3a file system's when ``settings`` put a root on object storage."""
+    return ",".join(_cached_jars(settings))
 
 
 def driver_class_path(settings: Settings) -> str:
     """The same jars as a class path (``--driver-class-path``, ``spark.driver.extraClassPath``)."""
-    return os.pathsep.join(delta_jars(settings).split(","))
+    return os.pathsep.join(_cached_jars(settings))
 
 
 def executor_class_path(settings: Settings) -> str | None:
