@@ -31,13 +31,14 @@ from pathlib import Path
 
 import pytest
 
-from sluice.config import Settings, load_settings, without_settings
+from sluice.config import Settings, load_settings
 from sluice.storage.maintenance import delta_tables
 from sluice_tools.generate import GenerateOptions, generate
 from support import replay
 from support.lake import read_arrow
 from support.s3 import S3Server
 from support.servers import serve_webhook
+from support.shell import as_the_user, user_shell
 from support.tutorial import write_tutorial
 
 pytestmark = [pytest.mark.spark, pytest.mark.slow]
@@ -92,20 +93,6 @@ def _stage(folder: Path, pipelines: Path) -> None:
         os.utime(path, (arrival, arrival))
 
 
-def _user_shell() -> dict[str, str]:
-    """This process's environment without the suite's settings, credentials or connections."""
-    return {k: v for k, v in without_settings(os.environ).items() if not k.startswith(("AWS_", "AIRFLOW_CONN_"))}
-
-
-def _as_the_user(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
-    """This process's environment as :func:`_user_shell` plus ``env``, until the test ends (the replay sets
-    ``SLUICE_NOW`` as it goes: registered here so that it goes too)."""
-    for key in set(os.environ) - set(_user_shell()):
-        monkeypatch.delenv(key)
-    for key, value in {**env, "SLUICE_NOW": ""}.items():
-        monkeypatch.setenv(key, value)
-
-
 def _snapshot(settings: Settings) -> dict[str, list[tuple[str, ...]]]:
     """Every table's rows, sorted; the lake's and the home's paths (in docs_path, source_file) made neutral, and
     left out: the ids of the Spark checkpoints' lineage (fresh uuids per checkpoint) and when an alert was
@@ -151,10 +138,11 @@ def test_a_lake_on_s3_holds_exactly_what_a_local_lake_holds(
         # suite's session, at the same time.
         on_s3 = subprocess.Popen(
             replay.command(homes["s3"] / "staged", homes["s3"] / "landing", steps["s3"]),
-            env=replay.environment({**_user_shell(), **envs["s3"]}), stdout=subprocess.PIPE,
+            env=replay.environment({**user_shell(), **envs["s3"]}), stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True)
         try:
-            _as_the_user(monkeypatch, envs["local"])
+            # The replay sets SLUICE_NOW as it goes: named here so that it goes too.
+            as_the_user(monkeypatch, {**envs["local"], "SLUICE_NOW": ""})
             codes_local, _ = replay.run_steps(homes["local"] / "staged", homes["local"] / "landing", steps["local"])
         finally:
             stdout, stderr = on_s3.communicate(timeout=1500)
@@ -221,14 +209,15 @@ def test_a_landing_zone_on_s3_is_ingested_as_a_local_one(
     homes = {"s3": tmp_path / "home_s3", "twin": tmp_path / "home_tw", "local": tmp_path / "home_lo"}
     runs = {}
     for kind in ("s3", "twin"):
-        env = {**_user_shell(), "SLUICE_HOME": str(homes[kind]), "PYSPARK_PYTHON": sys.executable,
+        env = {**user_shell(), "SLUICE_HOME": str(homes[kind]), "PYSPARK_PYTHON": sys.executable,
                "SLUICE_LATENESS_THRESHOLD": "1", **s3.env(), "SLUICE_LANDING": f"s3://{landing_bucket}/zone",
                "SLUICE_LAKE": f"s3://{lake_bucket}/lake"}
         runs[kind] = subprocess.Popen(replay.command(homes[kind] / "staged", homes[kind] / "nowhere", steps),
                                       env=replay.environment(env), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True)
     try:  # the local home here, on the suite's session, while the two S3 homes run
-        _as_the_user(monkeypatch, {"SLUICE_HOME": str(homes["local"]), "SLUICE_LATENESS_THRESHOLD": "1"})
+        as_the_user(monkeypatch, {"SLUICE_HOME": str(homes["local"]), "SLUICE_LATENESS_THRESHOLD": "1",
+                                  "SLUICE_NOW": ""})
         codes_local, _ = replay.run_steps(homes["local"] / "staged", homes["local"] / "nowhere", steps)
     finally:
         outputs = {kind: run.communicate(timeout=1500) for kind, run in runs.items()}

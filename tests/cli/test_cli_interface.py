@@ -5,7 +5,6 @@ starts Spark."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -21,17 +20,18 @@ from deltalake import write_deltalake
 from sluice.alerting.alert import Alert
 from sluice.cli.main import main
 from sluice.cli.status import status_data
-from sluice.config import MACHINE_VARIABLES, load_settings
+from sluice.config import load_settings
 from support.lake import read_rows
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)
 )
+from support.shell import as_the_user, user_shell
 
 
 def sluice(*args: str, home: Path | None = None, env: dict[str, str] | None = None,
            timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AIRFLOW_CONN_"))}
+    environment = user_shell()
     if home is not None:
         environment["SLUICE_HOME"] = str(home)
     environment.update(env or {})
@@ -42,9 +42,7 @@ def sluice(*args: str, home: Path | None = None, env: dict[str, str] | None = No
 @pytest.fixture(autouse=True)
 def _no_sluice_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """In-process main() reads the environment: nothing from the caller's shell leaks in."""
-    for key in list(os.environ):
-        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
-            monkeypatch.delenv(key)
+    as_the_user(monkeypatch)
 
 
 def run_main(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:

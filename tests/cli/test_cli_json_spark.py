@@ -5,7 +5,6 @@ in this process, on the suite's Spark session."""
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -16,7 +15,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.cli.main import main
-from sluice.config import MACHINE_VARIABLES
+from support.shell import as_the_user, user_shell
 
 pytestmark = pytest.mark.spark
 
@@ -25,8 +24,7 @@ PIPELINE = "user_activity_hourly"  # one stream (events): the cheapest full cycl
 
 
 def sluice(home: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLUICE_", "AIRFLOW_CONN_"))}
-    env["SLUICE_HOME"] = str(home)
+    env = {**user_shell(), "SLUICE_HOME": str(home)}
     return subprocess.run([sys.executable, "-m", "sluice.cli", *args], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -100,9 +98,7 @@ def _main_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dic
 
 def test_backfill_and_check_json(spark: SparkSession, tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
-    for key in list(os.environ):
-        if key.startswith(("SLUICE_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
-            monkeypatch.delenv(key)
+    as_the_user(monkeypatch)
     generate(tmp_path)
     home = ["--home", str(tmp_path)]
     code, run = _main_json(capsys, *home, "run", PIPELINE, "--now", "2024-05-01T02:00:00Z", "--json")

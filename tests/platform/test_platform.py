@@ -29,6 +29,7 @@ import pytest
 from sluice.platform.launcher import Platform
 from sluice.platform.topology import TOPOLOGY
 from support.lake import read_rows
+from support.shell import as_the_user
 
 pytestmark = [pytest.mark.slow]
 
@@ -234,7 +235,7 @@ def _local_reference(platform: Platform, tmp_path: Path, monkeypatch: pytest.Mon
     The commands run in this process, on the suite's Spark session: what is compared is the tables, and a cold
     JVM per command would only cost the suite minutes."""
     from sluice.cli.main import main
-    from sluice.config import MACHINE_VARIABLES, load_settings
+    from sluice.config import load_settings
 
     client = platform.s3_client()
     (steps_file,) = (platform.root / "demo").glob("*/steps.json")
@@ -242,9 +243,7 @@ def _local_reference(platform: Platform, tmp_path: Path, monkeypatch: pytest.Mon
     home.mkdir()
     shutil.copy(Path(platform.env()["SLUICE_HOME"]) / "sluice.yaml", home / "sluice.yaml")
     # A user's shell on the local home: none of the suite's or the platform's settings.
-    for key in list(os.environ):
-        if key.startswith(("SLUICE_", "AWS_", "AIRFLOW_CONN_")) and key not in MACHINE_VARIABLES:
-            monkeypatch.delenv(key)
+    as_the_user(monkeypatch)
 
     def command(now: str, *args: str) -> None:
         code = main(["--home", str(home), args[0], *args[1:], "--now", now])
