@@ -166,6 +166,10 @@ def test_ad_clicks_hourly_dag_run(ad_clicks_scheduled: ScheduledRun) -> None:
     assert_dq_recorded(home, "ad_clicks_hourly", windows)
     assert (home / "lake" / "_data_docs" / "index.html").is_file()
     assert rows(home, "ops/alerts") == []
+    # SLUICE_NOW, set in the environment, wins over the run's data interval (issue 11): the idle streams'
+    # heartbeats sit at SLUICE_NOW - 30 min (2024), where the interval's clock (2025) would have put them a year on.
+    beats = {utc(r["max_event_time"]) for r in rows(home, "ops/ingest_batches") if r["is_heartbeat"]}
+    assert beats == {ad_clicks_scheduled.now - timedelta(minutes=30)}, beats
     # One Spark application per run (issue 13): run_cycle validated what it closed; check_quality had
     # nothing left and did not start Spark.
     log = ad_clicks_scheduled.orchestration_log

@@ -5,7 +5,9 @@
   ``airflow api-server`` on 127.0.0.1: each run reprocesses exactly the windows of its data interval through
   ``sluice backfill``, a run whose interval holds no window start does nothing, and windows outside the
   range are not rewritten;
-* scheduled-path runs (``dag.test()``) take their clock from ``data_interval_end`` unless SLUICE_NOW is set;
+* scheduled-path runs (``dag.test()``) take their clock from ``data_interval_end`` unless SLUICE_NOW is set
+  (that it then wins: ``tests/dags/test_dag_runs.py``, whose scheduled run has SLUICE_NOW in 2024 and its
+  interval in 2025);
 * ``sluice_backfill`` emits Asset events for exactly the chosen pipeline's gold tables.
 
 Real Spark (pyspark's spark-submit, local mode), real Delta, real Airflow; nothing is mocked.
@@ -421,26 +423,6 @@ def test_a_cycle_takes_its_clock_from_the_data_interval(cycled_home: CycledHome)
     assert {utc(r["closed_at"]) for r in closed.values()} == {INTERVAL_END}
     dq = [r for r in rows(home, "ops/dq_results") if r["pipeline"] == PIPELINE]
     assert dq and {utc(r["validated_at"]) for r in dq} == {INTERVAL_END}
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_sluice_now_from_the_environment_wins(
-    cycled_home: CycledHome, run_dag: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A later run ([04:15, 04:30)) with SLUICE_NOW=06:00 set: its cycle runs at 06:00, not at 04:30."""
-    home = cycled_home.home
-    _clean(monkeypatch)
-    monkeypatch.setenv("SLUICE_HOME", str(home))
-    env_now = START + 6 * HOUR
-    monkeypatch.setenv("SLUICE_NOW", z(env_now))
-    # Only the cycle runs for real: it alone ingests (heartbeats), nothing new closes for check_quality.
-    run = run_dag(PIPELINE, LOGICAL + 30 * MINUTE, mark_success_pattern="^(check_quality|send_alerts)$")
-    assert utc(run.data_interval_end) == INTERVAL_END + 30 * MINUTE
-    assert _task_states(run)["run_cycle"] == "success"
-    # The heartbeat of this cycle is at 06:00 - 30 min (with the interval's clock it would be at 04:00).
-    assert _heartbeats(home) == [INTERVAL_END - 30 * MINUTE, env_now - 30 * MINUTE]
 
 
 @pytest.mark.spark
