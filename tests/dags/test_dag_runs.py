@@ -255,6 +255,14 @@ def test_backfill_dag_after_a_scheduled_run(
         assert delta_version(home, table) > version, f"{table} was not rewritten by the backfill"
     assert_dq_recorded(home, "ad_clicks_hourly", windows)
 
+    # Issue 11: the backfill emits an Asset event for each gold table of the chosen pipeline, with its range
+    # and the windows' states, and nothing for the other pipelines' gold tables (their DAGs declare them too).
+    extra = {"pipeline": "ad_clicks_hourly", "start": rfc3339(START), "end": rfc3339(START + 2 * HOUR),
+             "include_late": "false", "window_count": len(windows), "states": {"reprocessed": len(windows)}}
+    emitted = [(uri, task, aliases, {k: e[k] for k in extra}) for uri, task, aliases, e in asset_events(backfill)]
+    assert emitted == [(f"sluice://gold/{table}", "backfill", ("sluice_backfill_gold",), extra)
+                       for table in ("ad_clicks_hourly", "unmatched_clicks_hourly")], emitted
+
 
 @pytest.mark.spark
 @pytest.mark.slow

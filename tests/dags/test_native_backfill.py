@@ -7,8 +7,8 @@
   range are not rewritten;
 * scheduled-path runs (``dag.test()``) take their clock from ``data_interval_end`` unless SLUICE_NOW is set
   (that it then wins: ``tests/dags/test_dag_runs.py``, whose scheduled run has SLUICE_NOW in 2024 and its
-  interval in 2025);
-* ``sluice_backfill`` emits Asset events for exactly the chosen pipeline's gold tables.
+  interval in 2025). That ``sluice_backfill`` emits Asset events for exactly the chosen pipeline's gold tables
+  is checked there too, on its backfill DAG run.
 
 Real Spark (pyspark's spark-submit, local mode), real Delta, real Airflow; nothing is mocked.
 """
@@ -424,39 +424,3 @@ def test_a_cycle_takes_its_clock_from_the_data_interval(cycled_home: CycledHome)
     dq = [r for r in rows(home, "ops/dq_results") if r["pipeline"] == PIPELINE]
     assert dq and {utc(r["validated_at"]) for r in dq} == {INTERVAL_END}
 
-
-@pytest.mark.spark
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_sluice_backfill_emits_asset_events_for_the_chosen_pipeline_only(
-    cycled_home: CycledHome, run_dag: Callable[..., Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    from airflow.models.asset import AssetEvent
-    from airflow.utils.session import create_session
-    from sqlalchemy import select
-
-    from sluice.config import load_settings
-
-    home = cycled_home.home
-    _clean(monkeypatch)
-    monkeypatch.setenv("SLUICE_HOME", str(home))
-    monkeypatch.setenv("SLUICE_NOW", z(START + 6 * HOUR))
-    conf = {"pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]), "include_late": False}
-    run = run_dag("sluice_backfill", START + 5 * HOUR, run_conf=conf)
-    assert _task_states(run) == {"validate_params": "success", "backfill": "success", "send_alerts": "success"}
-    assert {w: r["state"] for w, r in ledger(home).items()} == {W0: "reprocessed", W1: "validated"}
-
-    with create_session() as session:
-        events = session.scalars(select(AssetEvent).where(AssetEvent.source_run_id == run.run_id)).all()
-        emitted = sorted((e.asset.uri, e.source_dag_id, e.source_task_id, tuple(a.name for a in e.source_aliases),
-                          json.dumps({k: e.extra[k] for k in ("pipeline", "start", "end", "include_late",
-                                                              "window_count", "states")}, sort_keys=True))
-                         for e in events)
-    extra = json.dumps({"pipeline": PIPELINE, "start": z(W0[0]), "end": z(W0[1]), "include_late": "false",
-                        "window_count": 1, "states": {"reprocessed": 1}}, sort_keys=True)
-    assert emitted == [(f"sluice://gold/{PIPELINE}", "sluice_backfill", "backfill", ("sluice_backfill_gold",),
-                        extra)]
-    # Other pipelines' gold tables exist as Assets (their DAGs declare them) and got nothing from this run.
-    others = {f"sluice://gold/{o.name}" for name, p in load_settings().registry.pipelines.items()
-              if name != PIPELINE for o in p.outputs}
-    assert others and not others & {uri for uri, *_ in emitted}
