@@ -228,22 +228,27 @@ CRASH_NOW = (CRASH_OPTIONS.start + timedelta(hours=3)).isoformat()
 CATCH_UP = {"SLUICE_CATCHUP_MIN_WINDOWS": "1"}
 
 
+def _cycle_in_session(spark: SparkSession, home: Path, extra_env: dict[str, str]) -> None:
+    """The cycle _run_cli runs, on the suite's Spark session at CRASH_NOW; it must succeed."""
+    from sluice.streaming.cycle import run_cycle
+
+    settings = load_settings({**CRASH_ENV, **extra_env}, home=home)
+    result = run_cycle(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), "ad_clicks_hourly",
+                       spark=spark)
+    assert result.exit_code == 0, result.render()
+
+
 @pytest.fixture(scope="module")
 def clean_runs(
     spark: SparkSession, tmp_path_factory: pytest.TempPathFactory
 ) -> dict[bool, dict[str, list[tuple[object, ...]]]]:
     """The references: the same data through one uninterrupted cycle, streamed and caught up in batch. They run
     on the suite's Spark session (a JVM start less each); only the runs that are killed need a process."""
-    from sluice.streaming.cycle import run_cycle
-
     out = {}
     for catch_up in (False, True):
         home = tmp_path_factory.mktemp("clean")
         generate(home / "landing", CRASH_OPTIONS)
-        settings = load_settings({**CRASH_ENV, **(CATCH_UP if catch_up else {})}, home=home)
-        clean = run_cycle(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), "ad_clicks_hourly",
-                          spark=spark)
-        assert clean.exit_code == 0, clean.render()
+        _cycle_in_session(spark, home, CATCH_UP if catch_up else {})
         assert (home / "lake/_checkpoints/pipelines/ad_clicks_hourly/catchup.json").exists() == catch_up
         out[catch_up] = _table_snapshot(home)
     return out
@@ -266,8 +271,6 @@ def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
     spark: SparkSession, tmp_path: Path, catch_up: bool,
     clean_runs: dict[bool, dict[str, list[tuple[object, ...]]]],
 ) -> None:
-    from sluice.streaming.cycle import run_cycle
-
     clean_run = clean_runs[catch_up]
     env = CATCH_UP if catch_up else {}
     crash_home = tmp_path / "crash"
@@ -278,10 +281,7 @@ def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
             f"expected SIGKILL after {kill_after}, got {crashed.returncode}: {crashed.stderr[-2000:]}")
     # The run that recovers, on the suite's Spark session as the clean runs: only a killed run needs a process
     # of its own (this home is new to the session, so nothing of it is cached there).
-    settings = load_settings({**CRASH_ENV, **env}, home=crash_home)
-    rerun = run_cycle(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), "ad_clicks_hourly",
-                      spark=spark)
-    assert rerun.exit_code == 0, rerun.render()
+    _cycle_in_session(spark, crash_home, env)
 
     crash_tables = _table_snapshot(crash_home)
     assert clean_run.keys() == crash_tables.keys()
