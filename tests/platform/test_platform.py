@@ -43,6 +43,11 @@ APP_DATA_TTL_S = 60
 def _make(target: str, root: Path, timeout: float = 900, **variables: str) -> subprocess.CompletedProcess[str]:
     # A user's shell: nothing of the suite's own Airflow or sluice settings.
     env = {k: v for k, v in os.environ.items() if not k.startswith(("AIRFLOW", "SLUICE_", "AWS_"))}
+    # The suite's drivers compile with C1 only (tests/conftest.py, SPARK_SUBMIT_OPTS); here every JVM of the
+    # platform does: the executors live as briefly as their drivers (one application per DAG run, on tiny
+    # data), and the master and workers idle. C2's compiler threads cost more CPU than their code saves.
+    if "SPARK_SUBMIT_OPTS" in env:
+        env.setdefault("JDK_JAVA_OPTIONS", env["SPARK_SUBMIT_OPTS"])
     args = [f"{k}={v}" for k, v in {"PLATFORM_DIR": str(root), **variables}.items()]
     return subprocess.run(["make", "--no-print-directory", target, *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout, check=False)

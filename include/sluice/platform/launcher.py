@@ -33,9 +33,10 @@ from sluice.platform.processes import Daemon, PlatformError, free_port, listenin
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
 
-# Passed from the shell that runs `make platform` to its services: where Java is, and Spark's own variable for
-# the driver JVM's options (spark-submit reads it).
-FROM_THE_CALLER = ("JAVA_HOME", "SPARK_SUBMIT_OPTS")
+# Passed from the shell that runs `make platform` to its services: where Java is, Spark's own variable for the
+# driver JVM's options (spark-submit reads it), and Java's own one for every JVM the platform starts (the java
+# launcher reads it): the master, the workers and, through the workers' environment, their executors.
+FROM_THE_CALLER = ("JAVA_HOME", "SPARK_SUBMIT_OPTS", "JDK_JAVA_OPTIONS")
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # nothing between us and 127.0.0.1
 S3_ACCESS_KEY = "sluice-platform"
 
@@ -133,7 +134,8 @@ class Platform:
         venv_bin = str(Path(sys.executable).parent)
         return {
             "PATH": f"{venv_bin}{os.pathsep}{os.environ.get('PATH', '')}",
-            # The caller's Java, and the Java options of the Spark drivers that the DAGs' tasks start.
+            # The caller's Java, and the Java options of the Spark drivers that the DAGs' tasks start (and of
+            # every JVM, when the caller sets JDK_JAVA_OPTIONS).
             **{key: os.environ[key] for key in FROM_THE_CALLER if key in os.environ},
             "TZ": "UTC",
             "PYSPARK_PYTHON": sys.executable,
