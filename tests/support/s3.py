@@ -70,8 +70,13 @@ class S3Server:
 def start_s3proxy(root: Path) -> S3Server:
     port = free_port()
     log = (root / "s3proxy.log").open("wb")
+    # The suite's C1-only JVM options (tests/conftest.py, SPARK_SUBMIT_OPTS), as on the platform: the server's
+    # load comes in bursts of small requests, and C2's compiler threads cost it more CPU than their code saves.
+    env = dict(os.environ)
+    if "SPARK_SUBMIT_OPTS" in env:
+        env.setdefault("JDK_JAVA_OPTIONS", env["SPARK_SUBMIT_OPTS"])
     process = subprocess.Popen(s3proxy_command(root, port, ACCESS_KEY, SECRET_KEY, REGION), stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
+                               stderr=subprocess.STDOUT, start_new_session=True, env=env)
     data = root / "data"
     server = S3Server(f"http://127.0.0.1:{port}", data, process)
     deadline = time.monotonic() + START_TIMEOUT_S
