@@ -137,7 +137,7 @@ def ad_clicks_scheduled(tmp_path_factory: pytest.TempPathFactory, run_dag: Calla
     return ScheduledRun(home, now, dag_run, messages, quiet_run, snapshot)
 
 
-def asset_events(run: Any) -> list[tuple[str, str, tuple[str, ...], dict[str, Any]]]:
+def asset_events(run: Any) -> list[tuple[str, str | None, tuple[str, ...], dict[str, Any]]]:
     """(asset uri, source task, source aliases, extra) of every Asset event a DAG run emitted."""
     from airflow.models.asset import AssetEvent
     from airflow.utils.session import create_session
