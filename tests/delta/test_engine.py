@@ -192,6 +192,84 @@ def test_append_is_idempotent_per_app_transaction(
     assert _spark_rows(engine.read(events)) == _dicts([*first, _row(9, 13), *second])
 
 
+def _commit_shape(path: Path, version: int) -> dict[str, Any]:
+    """What one commit holds, without what differs between any two commits (file names, times, sizes)."""
+    (info,) = _actions(path, version, "commitInfo")
+    return {
+        "commitInfo": {k: info.get(k) for k in ("operation", "operationParameters", "userMetadata",
+                                                  "isBlindAppend", "engineInfo", "isolationLevel", "readVersion")},
+        "txn": [(t["appId"], t["version"]) for t in _actions(path, version, "txn")],
+        "add": sorted((json.dumps(a["partitionValues"], sort_keys=True), a["dataChange"],
+                       json.loads(a["stats"])["numRecords"]) for a in _actions(path, version, "add")),
+        "remove": sorted((json.dumps(r["partitionValues"], sort_keys=True), r["dataChange"])
+                         for r in _actions(path, version, "remove")),
+        "kinds": sorted({k for entry in _log(path, version) for k in entry}),
+    }
+
+
+def test_commits_are_those_of_delta_sparks_idempotent_writer_options(
+    spark: SparkSession, engine: DeltaEngine, tmp_path: Path
+) -> None:
+    """The engine runs delta-spark's own write command one step at a time (the app transaction is looked up by
+    delta-rs): each of its commits, an append and a replaceWhere overwrite, holds what
+    ``df.write.option("txnAppId", ...).option("txnVersion", ...)`` commits, and the rows are the same."""
+    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
+    for path in (ours, theirs):
+        engine.ensure_table(path, SCHEMA, PARTS)
+    batches = [[_row(1, 10), _row(2, 11), _row(3, 11, D2)], [_row(4, 11), _row(5, 12)]]
+    meta = {"batch": 1, "stream": "events"}
+
+    def options(version: int, meta: dict[str, Any]) -> Any:
+        return (_df(spark, batches[version - 1]).write.format("delta").option("txnAppId", "ingest")
+                .option("txnVersion", str(version)).option("userMetadata", json.dumps(meta, sort_keys=True)))
+
+    for version in (1, 2):
+        assert engine.append(_df(spark, batches[version - 1]), ours, app_id="ingest", version=version,
+                             metadata={**meta, "batch": version})
+        options(version, {**meta, "batch": version}).mode("append").save(str(theirs))
+    hour_11 = "(`event_date` = '2024-05-01' AND `event_hour` = '11')"
+    replacement = [_row(6, 11), _row(7, 11)]
+    assert engine.replace(_df(spark, replacement), ours, keep=lambda df: df.filter(F.col("id") == 2),
+                          files=lambda v: v["event_date"] == D1 and v["event_hour"] == 11, app_id="backfill",
+                          version=1, metadata={"op": "backfill"})
+    kept = spark.read.format("delta").load(str(theirs)).where(hour_11).filter(F.col("id") == 2)
+    (kept.unionByName(_df(spark, replacement)).localCheckpoint().write.format("delta")
+     .option("txnAppId", "backfill").option("txnVersion", "1").option("userMetadata", '{"op": "backfill"}')
+     .mode("overwrite").option("replaceWhere", hour_11).save(str(theirs)))
+
+    assert _version(ours) == _version(theirs) == 3
+    for version in (1, 2, 3):
+        assert _commit_shape(ours, version) == _commit_shape(theirs, version), version
+    assert _commit_shape(ours, 3)["commitInfo"]["operationParameters"]["predicate"]  # the replaceWhere
+    assert _delta_rows(ours) == _delta_rows(theirs) == _dicts([_row(1, 10), _row(2, 11), _row(3, 11, D2),
+                                                               _row(5, 12), *replacement])
+
+
+def test_a_commit_of_the_same_app_id_after_the_read_version_fails_the_append(
+    spark: SparkSession, engine: DeltaEngine, events: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Delta's conflict check still guards the app transaction: another writer commits the same (app id,
+    version) after this append's transaction read the table and before it commits (here: while the engine
+    looks the version up), and the append fails instead of committing the batch a second time."""
+    from delta.exceptions import ConcurrentTransactionException
+
+    from sluice.storage import snapshots
+
+    looked_up = snapshots.app_version
+
+    def racing_lookup(path: str, app_id: str, at: int | None = None) -> int | None:
+        answer = looked_up(path, app_id, at)  # what the table held at the transaction's read version: nothing
+        monkeypatch.setattr(snapshots, "app_version", looked_up)  # the other writer appends normally
+        assert engine.append(_df(spark, [_row(2, 11)]), events, app_id="ingest", version=1)
+        return answer
+
+    monkeypatch.setattr(snapshots, "app_version", racing_lookup)
+    with pytest.raises(ConcurrentTransactionException):
+        engine.append(_df(spark, [_row(1, 10)]), events, app_id="ingest", version=1)
+    assert engine.committed_version(events, "ingest") == 1
+    assert _delta_rows(events) == _dicts([_row(2, 11)])
+
+
 # -- 2. crashes -------------------------------------------------------------------------------------
 _CHILD = textwrap.dedent(
     """

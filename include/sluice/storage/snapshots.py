@@ -103,9 +103,10 @@ def rows_are_files(table: DeltaTable) -> bool:
     return table.protocol().min_reader_version <= 1
 
 
-def app_version(path: str, app_id: str) -> int | None:
-    """The last app-transaction version ``app_id`` committed (Delta's ``txn`` action); None if never."""
-    table = open_table(path)
+def app_version(path: str, app_id: str, at: int | None = None) -> int | None:
+    """The last app-transaction version ``app_id`` committed (Delta's ``txn`` action) in the latest snapshot, or
+    in table version ``at``; None if never."""
+    table = open_table(path, at)
     return None if table is None else table.transaction_version(app_id)
 
 
