@@ -248,7 +248,7 @@ def _write_in_transaction(
     which reconstructs the table's whole state (Spark jobs over its checkpoint and the log since), although the
     version's checksum file lists the app transactions (``SnapshotState.scala``; Delta's master still does).
     Every idempotent commit of a cycle paid that: a 2-row append took 0.9-1.2 s with the writer options and
-    0.3-0.35 s this way (local[2], median of 15), and a 15-minute cycle of ``ad_clicks_hourly`` makes 8 such
+    0.3-0.35 s this way (local[2], median of 15), and a 15-minute cycle of a two-stream join pipeline makes 8 such
     commits, where the bare Spark job of ``make bench-cluster`` makes one per query. Here delta-rs answers the
     same question on the driver, from the log, at the very version the transaction read.
 
