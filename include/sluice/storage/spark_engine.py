@@ -73,8 +73,7 @@ class SparkDeltaEngine:
         return snapshots.app_version(path, app_id)
 
     def _done(self, path: str, app_id: str, version: int) -> bool:
-        done = self.committed_version(path, app_id)
-        return done is not None and done >= version
+        return _committed(path, app_id, version)
 
     def append(
         self,
@@ -87,11 +86,8 @@ class SparkDeltaEngine:
     ) -> bool:
         if is_ops_table(path):
             raise ValueError(f"{path}: the ops tables are written from the driver; use append_rows()")
-        committed = _write_in_transaction(
+        return _write_in_transaction(
             self.spark, df, str(path), app_id=app_id, version=version, user_metadata=_user_metadata(metadata))
-        if committed:
-            _maybe_kill(path, app_id)
-        return committed
 
     def append_rows(
         self,
@@ -146,12 +142,9 @@ class SparkDeltaEngine:
         condition = "true" if chosen is None else _any_of(chosen)
         current = self.spark.read.format("delta").load(str(path)).where(condition)
         rewritten = keep(current).unionByName(df)
-        committed = _write_in_transaction(
+        return _write_in_transaction(
             self.spark, rewritten.localCheckpoint(), str(path), app_id=app_id, version=version,
             user_metadata=_user_metadata(metadata), replace_where=condition)
-        if committed:
-            _maybe_kill(path, app_id)
-        return committed
 
     def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
         df = self.spark.read.format("delta").load(str(path))
@@ -221,6 +214,12 @@ class SparkDeltaEngine:
         return doomed
 
 
+def _committed(path: str, app_id: str, version: int, at: int | None = None) -> bool:
+    """Whether ``app_id`` committed ``version`` (or a later one) in the latest snapshot, or in table version ``at``."""
+    done = snapshots.app_version(path, app_id, at)
+    return done is not None and done >= version
+
+
 def _user_metadata(metadata: Mapping[str, Any] | None) -> str:
     """sluice's commit metadata, as the JSON that Delta keeps in the commit's ``userMetadata``."""
     return json.dumps(dict(metadata or {}), default=str, sort_keys=True)
@@ -238,7 +237,7 @@ def _write_in_transaction(
 ) -> bool:
     """Append ``df`` to the Delta table at ``path``, or replace the rows ``replace_where`` matches with it, in one
     commit with the app transaction ``(app_id, version)``, unless that version is committed already; whether it
-    committed.
+    committed (then the crash-test hook ``_maybe_kill`` runs).
 
     This is the command that ``df.write.format("delta").option("txnAppId", app_id).option("txnVersion", version)
     .option("userMetadata", ...)`` with ``mode("append")`` (or ``mode("overwrite").option("replaceWhere", ...)``)
@@ -268,8 +267,7 @@ def _write_in_transaction(
     no_columns = utils.toSeq([])
     table_log = delta.DeltaLog.forTable(session, path)
     txn = table_log.startTransaction(none, none)
-    done = snapshots.app_version(path, app_id, at=txn.readVersion())
-    if done is not None and done >= version:
+    if _committed(path, app_id, version, at=txn.readVersion()):
         return False
     txn.readTxn().addOne(app_id)
     command = delta.commands.WriteIntoDelta(
@@ -286,6 +284,7 @@ def _write_in_transaction(
         txn.commitIfNeeded(data.actions(), operation, data.stringTags())
     finally:
         active.clearActive()
+    _maybe_kill(path, app_id)
     return True
 
 
