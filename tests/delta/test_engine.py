@@ -963,3 +963,51 @@ def test_compact_and_vacuum_keep_the_rows_and_clear_what_no_version_needs(
     assert engine.vacuum(events, 0) == len(compacted_away)
     assert _parquet_on_disk(events) == _live_files(events)
     assert _delta_rows(events) == before and _spark_rows(engine.read(events)) == before
+
+
+_HOURLY_SCHEMA = StructType([
+    StructField("id", StringType()), StructField("event_time", TimestampType()),
+    StructField("event_date", DateType()), StructField("event_hour", IntegerType()),
+])
+
+
+def _scans_files_only(df: DataFrame) -> bool:
+    """Whether the read's plan lists its files itself (Spark's Parquet source) rather than through Delta's index,
+    which plans from the table's whole state with stats (Spark jobs before the read's own)."""
+    plan = df._jdf.queryExecution().executedPlan().toString()  # type: ignore[operator]
+    return "InMemoryFileIndex" in plan and "TahoeLogFileIndex" not in plan and "PreparedDeltaFileIndex" not in plan
+
+
+def test_a_table_whose_files_are_its_rows_is_read_from_its_files_and_one_with_deletion_vectors_by_delta(
+    spark: SparkSession, engine: DeltaEngine, tmp_path: Path
+) -> None:
+    """Reads (whole, and of the partitions a predicate chooses) give delta-spark's rows either way. A table of
+    reader protocol 1 in Hive-style folders is read as the Parquet files its log lists; once deletion vectors
+    hide rows that its files still hold, delta-spark reads it."""
+    path = str(tmp_path / "hourly")
+    engine.ensure_table(path, _HOURLY_SCHEMA, ["event_date", "event_hour"])
+    start = dt.datetime(2024, 5, 1, 22, tzinfo=dt.UTC)
+    rows = [(f"e{i}", start + dt.timedelta(minutes=25 * i)) for i in range(8)]
+    frame = spark.createDataFrame(
+        [(i, t, t.date(), t.hour) for i, t in rows], _HOURLY_SCHEMA)
+    assert engine.append(frame, path, app_id="w", version=1)
+
+    def delta_read() -> list[dict[str, Any]]:
+        return _spark_rows(spark.read.format("delta").load(path))
+
+    late = lambda values: values["event_hour"] >= 23 or values["event_date"] > dt.date(2024, 5, 1)  # noqa: E731
+    whole, chosen = engine.read(path), engine.read(path, files=late)
+    assert _scans_files_only(whole) and _scans_files_only(chosen)
+    assert whole.columns == _HOURLY_SCHEMA.fieldNames()
+    assert _spark_rows(whole) == delta_read()
+    assert _spark_rows(chosen) == [r for r in delta_read() if late(r)]
+    assert {r["id"] for r in _spark_rows(chosen)} == {"e3", "e4", "e5", "e6", "e7"}
+    assert engine.read(path, files=lambda values: False).count() == 0
+
+    spark.sql(f"ALTER TABLE delta.`{path}` SET TBLPROPERTIES ('delta.enableDeletionVectors' = 'true')")
+    spark.sql(f"DELETE FROM delta.`{path}` WHERE id IN ('e1', 'e5')")
+    assert DeltaTable(path).protocol().min_reader_version > 1  # the files still hold e1 and e5
+    whole, chosen = engine.read(path), engine.read(path, files=late)
+    assert not _scans_files_only(whole) and not _scans_files_only(chosen)
+    assert sorted(r["id"] for r in _spark_rows(whole)) == ["e0", "e2", "e3", "e4", "e6", "e7"]
+    assert sorted(r["id"] for r in _spark_rows(chosen)) == ["e3", "e4", "e6", "e7"]

@@ -17,6 +17,7 @@ engine contract is tested in tests/delta/test_engine.py."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -147,11 +148,23 @@ class SparkDeltaEngine:
             user_metadata=_user_metadata(metadata), replace_where=condition)
 
     def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
+        # delta-spark plans a read of a table from its whole state with stats ("Filtering files for query"):
+        # two Spark jobs per table and version, the first of a process's jobs on cold executors, where the
+        # log that delta-rs reads on the driver already lists the files. When those files alone are the rows,
+        # they are read as Parquet (the format Delta's own reader reads them with).
+        table = snapshots.open_table(path)
+        chosen = _plain_files(path, table, files) if table is not None else None
+        if chosen is not None and table is not None:
+            schema = StructType.fromJson(json.loads(table.schema().to_json()))
+            if not chosen:
+                return self.spark.createDataFrame([], schema)
+            frame = self.spark.read.schema(schema).option("basePath", str(path)).parquet(*chosen)
+            return frame.select(*[F.col(f"`{name}`") for name in schema.fieldNames()])
         df = self.spark.read.format("delta").load(str(path))
         if files is None:
             return df
-        chosen = self._partitions(path, files)
-        return df if chosen is None else df.where(_any_of(chosen))
+        chosen_partitions = self._partitions(path, files)
+        return df if chosen_partitions is None else df.where(_any_of(chosen_partitions))
 
     def schema(self, path: str) -> StructType:
         return self.spark.read.format("delta").load(str(path)).schema
@@ -291,6 +304,35 @@ def _write_in_transaction(
 def _literal(value: Any) -> str:
     text = str(value).replace("\\", "\\\\").replace("'", "\\'")
     return f"'{text}'"
+
+
+# A partition value that a Hive-style folder name spells as itself (no escaping, no null).
+_PLAIN_VALUE = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def _plain_files(path: str, table: Any, files: PartitionPredicate | None) -> list[str] | None:
+    """The live files of ``table`` that ``files`` chooses (all without it), when those files alone are the rows
+    and Spark's Parquet reader gives each its partition values from its folders: reader protocol 1 (no column
+    mapping, no deletion vectors) and every chosen file in the Hive-style folders of its values, as delta-spark
+    and delta-rs lay them out. None otherwise: delta-spark reads the table."""
+    if not snapshots.rows_are_files(table):
+        return None
+    columns = list(table.metadata().partition_columns)
+    chosen = []
+    for live in snapshots.live_files(path, table):
+        if files is not None and not files(live.partition):
+            continue
+        values: list[Any] = [live.partition.get(c) for c in columns]
+        if any(v is None for v in values):
+            return None
+        texts = [v.isoformat() if hasattr(v, "isoformat") else str(v) for v in values]
+        if not all(_PLAIN_VALUE.fullmatch(t) for t in texts):
+            return None
+        folder, _, name = live.relative.rpartition("/")
+        if folder != "/".join(f"{c}={t}" for c, t in zip(columns, texts, strict=True)) or not name:
+            return None
+        chosen.append(live.path)
+    return chosen
 
 
 def _any_of(partitions: Sequence[Mapping[str, Any]]) -> str:
