@@ -153,8 +153,7 @@ class SparkDeltaEngine:
         # log that delta-rs reads on the driver already lists the files. When those files alone are the rows,
         # they are read as Parquet (the format Delta's own reader reads them with).
         table = snapshots.open_table(path)
-        chosen = _plain_files(path, table, files) if table is not None else None
-        if chosen is not None and table is not None:
+        if table is not None and (chosen := _plain_files(path, table, files)) is not None:
             schema = StructType.fromJson(json.loads(table.schema().to_json()))
             if not chosen:
                 return self.spark.createDataFrame([], schema)
@@ -163,17 +162,18 @@ class SparkDeltaEngine:
         df = self.spark.read.format("delta").load(str(path))
         if files is None:
             return df
-        chosen_partitions = self._partitions(path, files)
-        return df if chosen_partitions is None else df.where(_any_of(chosen_partitions))
+        partitions = self._partitions(path, files, table)
+        return df if partitions is None else df.where(_any_of(partitions))
 
     def schema(self, path: str) -> StructType:
         return self.spark.read.format("delta").load(str(path)).schema
 
     @staticmethod
-    def _partitions(path: str, files: PartitionPredicate) -> list[dict[str, Any]] | None:
+    def _partitions(path: str, files: PartitionPredicate, table: Any = None) -> list[dict[str, Any]] | None:
         """The partitions whose typed values (date, int: what the predicates compare) ``files`` chooses;
-        None for an unpartitioned table (the predicate cannot choose among its files)."""
-        table = snapshots.open_table(path)
+        None for an unpartitioned table (the predicate cannot choose among its files). ``table``: its snapshot,
+        when the caller has opened it already."""
+        table = table if table is not None else snapshots.open_table(path)
         if table is None or not table.metadata().partition_columns:
             return None
         distinct = {tuple(sorted(f.partition.items())): dict(f.partition) for f in snapshots.live_files(path, table)}
