@@ -24,7 +24,17 @@ os.environ.setdefault("TZ", "UTC")
 # (two randomized streaming tests: 119 s, 134 s with C1). Not through SPARK_CONF_DIR either: Spark puts that
 # folder on the class path, which then no longer matches the class-data archive's, and the JVM drops the archive
 # silently. sluice itself keeps the JVM's defaults.
-SUBPROCESS_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+# Both kinds of JVM also get a larger code cache (512 MB, default 240 MB): Spark compiles a class per query plan
+# (Janino), the suite plans thousands, and with the default the JVM's sweeper flushed and recompiled code all the
+# time (11.8 of 110 CPU-seconds of three warm cycles went to the sweeper thread on C1).
+SUBPROCESS_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:ReservedCodeCacheSize=512m"
+# The workers' own sessions (the spark fixture) keep C2, which pays over a whole suite, but only for code that is
+# really hot: C2 compiled every plan's generated classes after 5,000 calls, and its threads took a third of the
+# machine's CPU over three warm cycles (48 of 145 CPU-seconds; 15 of 101 with these thresholds, at the same or
+# shorter wall time). The generated classes of one query rarely reach these counts; Spark's own code does.
+SESSION_JVM_OPTIONS = ("-XX:ReservedCodeCacheSize=512m -XX:Tier4InvocationThreshold=50000 "
+                       "-XX:Tier4MinInvocationThreshold=6000 -XX:Tier4CompileThreshold=150000 "
+                       "-XX:Tier4BackEdgeThreshold=400000")
 os.environ.setdefault("SPARK_SUBMIT_OPTS", SUBPROCESS_JVM_OPTIONS)
 
 from collections.abc import Iterator
@@ -81,10 +91,13 @@ def _forget_the_delta_tables_of_earlier_tests() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     home = tmp_path_factory.mktemp("spark-home")
-    settings = load_settings({}, home=home)
+    # 3 GB, not sluice's default 2 GB: this driver lives for the whole suite and opens thousands of tables, and
+    # with 2 GB its old generation stayed nearly full (about 5% of the worker's CPU went to collecting it). The
+    # machine has 24 GB for 2 workers and their short-lived subprocess drivers.
+    settings = load_settings({"SLUICE_DRIVER_MEMORY": "3g"}, home=home)
     ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_JVM_OPTIONS
-    if ours:  # this JVM runs for the whole suite: the JVM's own defaults (see SUBPROCESS_JVM_OPTIONS)
-        del os.environ["SPARK_SUBMIT_OPTS"]
+    if ours:  # this JVM runs for the whole suite: C2, with SESSION_JVM_OPTIONS (see SUBPROCESS_JVM_OPTIONS)
+        os.environ["SPARK_SUBMIT_OPTS"] = SESSION_JVM_OPTIONS
     try:
         session = get_spark(settings, "sluice-tests", master="local[2]")
     finally:

@@ -609,7 +609,7 @@ def _sluice_run(settings: Settings, now: str, **env: str) -> subprocess.Complete
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
-def test_a_sigkill_after_the_dlq_commit_or_after_the_correction_loses_nothing(
+def test_a_sigkill_after_the_dlq_commit_loses_nothing(
     spark: SparkSession, tmp_path: Path, webhook_env: WebhookServer
 ) -> None:
     settings = make_settings(tmp_path, SLUICE_DEVICE_TEMPS_CORRECTIONS="auto")
@@ -624,16 +624,10 @@ def test_a_sigkill_after_the_dlq_commit_or_after_the_correction_loses_nothing(
     assert len(table(settings, "dlq/readings")) == 1
     assert {r.state for r in read_ledger(settings, PIPELINE)} == {"validated"}
 
-    # Rerun, killed right after the correction's gold replace (gold's only commit in this cycle): the
-    # amendment is found, committed, and the correction planned and half done.
-    crashed = _sluice_run(settings, "10:50", SLUICE_KILL_AFTER_COMMIT="gold/device_temps:1")
-    assert crashed.returncode == -9, crashed.stderr[-3000:]
-    assert gold_version(settings) == version + 1
-    assert {w: (r.state, r.late_waiting) for w, r in ledger(settings).items() if w in LATE_WINDOWS} == dict.fromkeys(
-        LATE_WINDOWS, ("validated", 1))
-
-    # The next run finishes that correction: not replaced again, the versions of the first replace, the
-    # totals from before it, one notice per window.
+    # (A kill right after the correction's gold replace, then a rerun that finishes the correction without
+    # replacing gold again, is tests/test_object_storage.py's correction step: the same pipeline, late reading and
+    # kill point, with every table and alert id compared to an uninterrupted run. One cold process less here.)
+    # The rerun finds the amendment and corrects: one replace, the totals from before it, one notice per window.
     done = run_at(spark, settings, "10:50", deliver=True)
     assert done.corrected == LATE_WINDOWS
     assert gold_version(settings) == version + 1

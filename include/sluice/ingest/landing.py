@@ -50,7 +50,7 @@ from sluice.config import Settings
 from sluice.core.lake import Credentials, Root, credentials_for
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.progress import nothing, progress
-from sluice.core.spark import collected_utc
+from sluice.core.spark import collected_utc, local_frame
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
@@ -739,7 +739,8 @@ class StreamIngest:
         last_id = max(seq.values())
         max_event = {seq[p]: collected_utc(r["max_event"]) for p, r in per_file.items() if r["max_event"] is not None}
         marks = file_watermarks([(s, max_event.get(s)) for s in seq.values()], prior.watermark, spec.watermark_delay)
-        files_df = self.spark.createDataFrame(
+        files_df = local_frame(
+            self.spark,
             [(path, s, marks[s][0]) for path, s in seq.items()],
             "source_file string, _file_seq long, _wm_before timestamp",
         )

@@ -28,7 +28,7 @@ from sluice.checks import Completeness
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.progress import progress
-from sluice.core.spark import collected_utc
+from sluice.core.spark import collected_utc, local_frame
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.quality.site import docs_site
 from sluice.storage import tables
@@ -87,7 +87,7 @@ class QualityReport:
 def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
     """Rows of ``df`` tagged with every window (of ``windows``) their event time falls in."""
     spark = df.sparkSession
-    bounds = spark.createDataFrame([(s, e) for s, e in windows], "_ws timestamp, _we timestamp")
+    bounds = local_frame(spark, windows, "_ws timestamp, _we timestamp")
     return df.join(
         F.broadcast(bounds), (F.col(time_column) >= F.col("_ws")) & (F.col(time_column) < F.col("_we"))
     )
@@ -116,7 +116,7 @@ def gold_rows(engine: DeltaEngine, path: str, windows: Sequence[Window]) -> Any:
         rows = table.to_pandas()
     else:
         gold = engine.read(path)
-        bounds = gold.sparkSession.createDataFrame(list(windows), "window_start timestamp, window_end timestamp")
+        bounds = local_frame(gold.sparkSession, windows, "window_start timestamp, window_end timestamp")
         rows = gold.join(F.broadcast(bounds.select("window_start").distinct()), ["window_start"]).toPandas()
     for column in ("window_start", "window_end"):
         rows[column] = pd.to_datetime(rows[column], utc=True)

@@ -26,6 +26,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
+from sluice.core.spark import local_frame
 from sluice.storage import snapshots
 from sluice.storage.engine import OpsDeltaEngine, PartitionPredicate, _maybe_kill
 from sluice.storage.tables import is_ops_table
@@ -103,7 +104,7 @@ class SparkDeltaEngine:
         if is_ops_table(path):
             return self._ops.append_rows(rows, schema, path, app_id=app_id, version=version, metadata=metadata)
         # append() skips a version already committed.
-        frame = self.spark.createDataFrame([tuple(r) for r in rows], schema)
+        frame = local_frame(self.spark, rows, schema)
         return self.append(frame, path, app_id=app_id, version=version, metadata=metadata)
 
     def replace_rows(
@@ -156,7 +157,7 @@ class SparkDeltaEngine:
         if table is not None and (chosen := _plain_files(path, table, files)) is not None:
             schema = StructType.fromJson(json.loads(table.schema().to_json()))
             if not chosen:
-                return self.spark.createDataFrame([], schema)
+                return local_frame(self.spark, [], schema)
             frame = self.spark.read.schema(schema).option("basePath", str(path)).parquet(*chosen)
             return frame.select(*[F.col(f"`{name}`") for name in schema.fieldNames()])
         df = self.spark.read.format("delta").load(str(path))

@@ -50,7 +50,7 @@ from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_sna
 from sluice.config import ConfigError, Settings, parse_time
 from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
-from sluice.core.spark import get_spark
+from sluice.core.spark import get_spark, local_frame
 from sluice.quality.checker import QualityChecker, QualityReport
 from sluice.quality.validator import warm_up
 from sluice.storage import snapshots
@@ -235,7 +235,7 @@ class Backfill:
         )
 
     def _bounds(self, windows: Sequence[Window]) -> DataFrame:
-        return self.spark.createDataFrame(sorted(windows), "window_start timestamp, window_end timestamp")
+        return local_frame(self.spark, sorted(windows), "window_start timestamp, window_end timestamp")
 
     def run(self) -> BackfillResult:
         started = time.monotonic()

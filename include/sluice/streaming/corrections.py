@@ -54,7 +54,7 @@ from pyspark.sql.types import NumericType, StructType
 
 from sluice.config import Settings
 from sluice.core.model import OutputDef, PipelineDef
-from sluice.core.spark import collected_utc
+from sluice.core.spark import collected_utc, local_frame
 from sluice.core.timeutil import format_duration
 from sluice.quality.checker import QualityReport
 from sluice.storage import snapshots
@@ -406,7 +406,7 @@ def window_totals(spark: SparkSession, settings: Settings, engine: DeltaEngine, 
                   windows: Sequence[Window]) -> Totals:
     """Per gold table of the pipeline: :func:`output_totals` of ``windows`` as gold holds them now."""
     chosen = sorted(windows)
-    bounds = spark.createDataFrame(chosen, "window_start timestamp, window_end timestamp")
+    bounds = local_frame(spark, chosen, "window_start timestamp, window_end timestamp")
     out: Totals = {}
     for output in pipeline.outputs:
         path = output.path(settings)

@@ -54,7 +54,7 @@ from pyspark.sql.types import StructField, StructType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
-from sluice.core.spark import collected_utc
+from sluice.core.spark import collected_utc, local_frame
 from sluice.core.windows import WindowSpec
 from sluice.ingest.landing import load_state
 from sluice.storage import snapshots, tables
@@ -152,7 +152,7 @@ def batch_inputs(
 def empty_inputs(spark: SparkSession, settings: Settings, pipeline: PipelineDef) -> dict[str, DataFrame]:
     """Empty batch inputs of the right shape: enough for Spark to analyse a build function (its schema)."""
     return {
-        s: prepare_input(settings.stream(s), spark.createDataFrame([], tables.bronze(settings.stream(s)).schema))
+        s: prepare_input(settings.stream(s), local_frame(spark, [], tables.bronze(settings.stream(s)).schema))
         for s in pipeline.streams
     }
 
@@ -426,7 +426,7 @@ class PipelineRunner:
                 final = final & (F.col("window_end") > F.lit(after))
             rows = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window).filter(final)
             if written[output.name]:
-                done = self.spark.createDataFrame(sorted(written[output.name]), "_ws timestamp, _we timestamp")
+                done = local_frame(self.spark, sorted(written[output.name]), "_ws timestamp, _we timestamp")
                 rows = rows.join(
                     F.broadcast(done),
                     (F.col("window_start") == F.col("_ws")) & (F.col("window_end") == F.col("_we")),
