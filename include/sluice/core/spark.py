@@ -41,7 +41,7 @@ def local_frame(spark: SparkSession, rows: Iterable[Sequence[Any]], schema: Stru
     data = [tuple(row) for row in rows]
     try:
         arrow_schema = to_arrow_schema(struct, timezone="UTC")
-    except Exception:  # a type without an Arrow mapping (e.g. VARIANT)
+    except TypeError:  # PySpark's error for a type without an Arrow mapping (e.g. an interval)
         return spark.createDataFrame(data, struct)
     table = pa.Table.from_pylist([dict(zip(struct.names, row, strict=True)) for row in data], schema=arrow_schema)
     return spark.createDataFrame(table, schema=struct)
