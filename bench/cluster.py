@@ -131,7 +131,7 @@ class ClusterBench:
 
     def bare_command(self, events: int) -> list[str]:
         from sluice.config import load_settings
-        from sluice.core.spark import spark_conf
+        from sluice.runtime.spark import spark_conf
 
         env = self.sluice_env(events)
         settings = load_settings(env, home=Path(env["SLUICE_HOME"]))

@@ -595,7 +595,7 @@ class Bench:
     def __init__(self, args: argparse.Namespace, work: Path):
         from sluice.config import load_settings
         from sluice.core.class_data import java_options
-        from sluice.core.spark import spark_conf
+        from sluice.runtime.spark import spark_conf
 
         self.args = args
         self.work = work
@@ -987,7 +987,7 @@ class Bench:
         if submit:
             # As the DAG's spark-submit tasks do: Delta's jars on the driver's classpath from the start (the
             # job's spark.jars would reach only the executors).
-            from sluice.core.spark import delta_jars
+            from sluice.runtime.spark import delta_jars
 
             # Its driver JVM is started by spark-submit, before the job's builder: Java options go here.
             jvm = self.spark_conf.get("spark.driver.extraJavaOptions")

@@ -35,16 +35,20 @@ def sluice_maintenance() -> None:
     @task(task_id="compact")
     def compact_tables() -> dict[str, int]:
         from sluice.airflow.credentials import task_settings
+        from sluice.runtime.context import open_run
         from sluice.storage.maintenance import compact
 
-        return compact(task_settings())
+        run = open_run(task_settings(), app_name="sluice-maintenance")
+        return compact(run.settings, run.engine)
 
     @task(task_id="vacuum")
     def vacuum_tables() -> dict[str, int]:
         from sluice.airflow.credentials import task_settings
+        from sluice.runtime.context import open_run
         from sluice.storage.maintenance import vacuum
 
-        return vacuum(task_settings())
+        run = open_run(task_settings(), app_name="sluice-maintenance")
+        return vacuum(run.settings, run.engine)
 
     @task(task_id="clean_checkpoints")
     def clean() -> int:

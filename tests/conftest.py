@@ -44,7 +44,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.core.spark import get_spark
+from sluice.runtime.spark import get_spark
 from support import scheduling
 from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
 

@@ -24,8 +24,9 @@ from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.ingest.landing import load_state, run_ingest
-from sluice.storage.engines import engine_for
+from sluice.ingest.landing import run_ingest
+from sluice.ingest.state import load_state
+from sluice.runtime.context import open_run
 from sluice_tools.generate import QUARANTINE_REASONS, GenerateOptions, Manifest, generate
 from support.lake import read_arrow, read_rows
 
@@ -117,13 +118,12 @@ def test_every_line_is_accounted_for_over_several_cycles(
     for stream in STREAMS:
         assert all(manifest.streams[stream].quarantined[r] > 0 for r in QUARANTINE_REASONS), stream
     start = options.start.timestamp()
-    engine = engine_for(spark, settings)
     # Three cycles, each seeing the files that have arrived by then (one inside the idle gap).
     for cut_hours in (0.75, 1.25, 2.2):
         cut = start + cut_hours * 3600
         _reveal(staging, settings.landing.local(), cut)
         now = options.start + timedelta(hours=cut_hours)
-        run_ingest(spark, replace(settings, now_override=now), engine, STREAMS)
+        run_ingest(open_run(replace(settings, now_override=now), spark), STREAMS)
         for stream in STREAMS:
             totals = load_state(settings, stream).totals()
             assert totals["lines"] == (
@@ -233,8 +233,8 @@ def _cycle_in_session(spark: SparkSession, home: Path, extra_env: dict[str, str]
     from sluice.streaming.cycle import run_cycle
 
     settings = load_settings({**CRASH_ENV, **extra_env}, home=home)
-    result = run_cycle(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), "ad_clicks_hourly",
-                       spark=spark)
+    result = run_cycle(open_run(replace(settings, now_override=datetime.fromisoformat(CRASH_NOW)), spark),
+                       "ad_clicks_hourly")
     assert result.exit_code == 0, result.render()
 
 
@@ -388,13 +388,13 @@ def test_sigkill_in_the_quality_and_alert_steps_then_rerun_alerts_each_failing_w
         def rerun() -> int:
             at_now = replace(settings, now_override=datetime.fromisoformat(now))
             if step == "backfill":
-                return run_backfill(at_now, "device_temps", BACKFILL[3], BACKFILL[5], spark=spark).exit_code
-            return run_cycle(at_now, "device_temps", spark=spark).exit_code
+                return run_backfill(open_run(at_now, spark), "device_temps", BACKFILL[3], BACKFILL[5]).exit_code
+            return run_cycle(open_run(at_now, spark), "device_temps").exit_code
 
         gold_before = None
         if step != "cycle":
             first = replace(settings, now_override=datetime.fromisoformat(READINGS_NOW))
-            assert run_cycle(first, "device_temps", spark=spark).failed_windows == len(FAILING_ENDS)
+            assert run_cycle(open_run(first, spark), "device_temps").failed_windows == len(FAILING_ENDS)
             gold_before = DeltaTable(gold_path).version()
         if step == "correction":
             land(settings, "readings", "late.jsonl", [LATE_READING], datetime.fromisoformat("2024-05-01T11:02:00Z"))

@@ -15,6 +15,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
+from sluice.runtime.context import open_run
 from sluice.streaming.cycle import run_cycle
 from sluice.streaming.runner import CatchUp
 from sluice_tools.generate import GenerateOptions, generate
@@ -84,7 +85,7 @@ def test_catch_up_gives_the_same_tables_as_streaming(
         for now in plan:
             _reveal(staging, settings.landing.local(), now)
             at = replace(settings, now_override=now)
-            run_cycle(at, pipeline, spark=spark, check_quality=False, deliver_alerts=False)
+            run_cycle(open_run(at, spark), pipeline, check_quality=False, deliver_alerts=False)
             snapshots[label].append(_snapshot(at, pipeline))
         marker = settings.checkpoints / "pipelines" / pipeline / "catchup.json"
         if minimum:
@@ -108,7 +109,7 @@ def test_no_catch_up_below_the_threshold_or_once_streaming(spark: SparkSession, 
     options = CASES["user_activity_hourly"]
     settings = replace(load_settings({}, home=tmp_path / "home"), catchup_min_windows=50)
     generate(settings.landing.local(), options)
-    run_cycle(replace(settings, now_override=options.start + 8 * HOUR), "user_activity_hourly", spark=spark,
+    run_cycle(open_run(replace(settings, now_override=options.start + 8 * HOUR), spark), "user_activity_hourly",
               check_quality=False, deliver_alerts=False)
     marker = settings.checkpoints / "pipelines" / "user_activity_hourly" / "catchup.json"
     assert not marker.exists()  # 7 windows < 50
@@ -116,7 +117,7 @@ def test_no_catch_up_below_the_threshold_or_once_streaming(spark: SparkSession, 
 
     # The query has started now: a later backlog is streamed, whatever the threshold.
     later = replace(settings, catchup_min_windows=1, now_override=options.start + 30 * HOUR)
-    run_cycle(later, "user_activity_hourly", spark=spark, check_quality=False, deliver_alerts=False)
+    run_cycle(open_run(later, spark), "user_activity_hourly", check_quality=False, deliver_alerts=False)
     assert not marker.exists()
 
 

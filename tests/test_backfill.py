@@ -27,6 +27,8 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import ConfigError, Settings, load_settings
+from sluice.core.windows import Window
+from sluice.runtime.context import open_run
 from sluice.streaming.backfill import BackfillResult, run_backfill, validate_request
 from sluice.streaming.cycle import run_cycle
 from sluice_tools.generate import GenerateOptions, generate
@@ -41,7 +43,6 @@ SLUICE = Path(sys.executable).parent / "sluice"
 # Lateness is not what these tests are about: a high threshold keeps DQ verdicts on completeness/validity.
 ENV = {"SLUICE_LATENESS_THRESHOLD": "0.5"}
 
-Window = tuple[datetime, datetime]
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -201,7 +202,7 @@ def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Base:
     assert manifest.last_arrival is not None
     now = manifest.last_arrival + timedelta(minutes=5)
     settings = load_settings(ENV, home=home, now=now)
-    result = run_cycle(settings, PIPELINE, spark=spark)
+    result = run_cycle(open_run(settings, spark), PIPELINE)
     assert result.exit_code == 0, result.render()
 
     states = ledger(settings)
@@ -225,7 +226,7 @@ def base(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Base:
 
 
 def _backfill(settings: Settings, spark: SparkSession, start: datetime, end: datetime, late: bool) -> BackfillResult:
-    return run_backfill(settings, PIPELINE, rfc3339(start), rfc3339(end), include_late=late, spark=spark)
+    return run_backfill(open_run(settings, spark), PIPELINE, rfc3339(start), rfc3339(end), include_late=late)
 
 
 @pytest.mark.spark
@@ -377,7 +378,7 @@ def test_backfill_waits_for_a_running_cycle_and_commits_after_it(
     manifest = generate(first.landing.local(), GenerateOptions(seed=5, hours=3, **events), specs=first.streams)
     assert manifest.last_arrival is not None
     first = load_settings({}, home=home, now=manifest.last_arrival + timedelta(minutes=5))
-    assert run_cycle(first, pipeline, spark=spark).exit_code == 0
+    assert run_cycle(open_run(first, spark), pipeline).exit_code == 0
     closed = sorted(ledger(first, pipeline))
     assert len(closed) >= 2, closed
     # Phase 2: two more hours arrive; the scheduled run (a real `sluice run` process) closes more windows.

@@ -20,9 +20,12 @@ from pyspark.sql import SparkSession
 
 from sluice.cli.status import render_status
 from sluice.config import Settings
-from sluice.ingest.landing import load_state, run_ingest, source_key
+from sluice.ingest.files import source_key
+from sluice.ingest.landing import run_ingest
+from sluice.ingest.state import load_state
+from sluice.runtime.context import open_run
 from sluice.storage.engines import engine_for
-from sluice.storage.ledger import read_ledger
+from sluice.windows.ledger import read_ledger
 from support import lake, two_streams
 from support.lake import read_arrow, read_rows, table
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
@@ -67,7 +70,7 @@ def land_bytes(settings: Settings, stream: str, name: str, data: bytes, arrival_
 
 def ingest(spark: SparkSession, settings: Settings, now_minutes: float, stream: str) -> Settings:
     settings = replace(settings, now_override=ts(now_minutes))
-    run_ingest(spark, settings, engine_for(spark, settings), [stream])
+    run_ingest(open_run(settings, spark), [stream])
     return settings
 
 
@@ -243,7 +246,7 @@ def test_data_quality_catches_accepted_records_that_no_window_can_hold(
     engine_for(spark, done).append_rows([row], bronze.schema, bronze.path(done), app_id="another-tool", version=0)
 
     monkeypatch.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
-    report = run_quality(done, pipeline, spark)
+    report = run_quality(open_run(done, spark), pipeline)
     window = (year1, datetime(1970, 1, 1, tzinfo=UTC))
     assert report.failed == {window: [(f"coverage:{stream}", f"1 accepted record(s) in bronze/{stream} before "
                                        "1970-01-01T00:00:00Z reach no window; move them out of bronze (a backfill "
@@ -254,7 +257,7 @@ def test_data_quality_catches_accepted_records_that_no_window_can_hold(
     assert alert["pipeline"] == pipeline and alert["failed"][0]["expectation"] == f"coverage:{stream}"
 
     # Raised once: the next DQ step knows the window has failed.
-    assert run_quality(done, pipeline, spark).failed == {}
+    assert run_quality(open_run(done, spark), pipeline).failed == {}
     assert len(webhook.requests) == 1
 
 
@@ -304,7 +307,7 @@ def test_a_cycle_that_quarantines_an_unreadable_file_alerts(
     land_bytes(settings, "events", "broken.jsonl.gz", b"not gzip", 2)
     lake.land(settings, "events", "good.jsonl", [line("events", "good")], ts(2))
     # As the DAG runs it: the cycle leaves the alert pending, the alert task delivers it.
-    run_cycle(replace(settings, now_override=ts(3)), "user_activity_hourly", spark=spark,
+    run_cycle(open_run(replace(settings, now_override=ts(3)), spark), "user_activity_hourly",
               check_quality=False, deliver_alerts=False)
     assert webhook.requests == []
     [pending] = table(settings, "ops/alerts")
@@ -321,7 +324,7 @@ def test_a_cycle_that_quarantines_an_unreadable_file_alerts(
     assert deliver_pending_alerts(settings, "user_activity_hourly") == []
 
     # Raised once: the next cycle finds nothing new to quarantine and alerts nobody.
-    run_cycle(replace(settings, now_override=ts(20)), "user_activity_hourly", spark=spark, check_quality=False)
+    run_cycle(open_run(replace(settings, now_override=ts(20)), spark), "user_activity_hourly", check_quality=False)
     assert len(webhook.requests) == 1
 
 
@@ -334,7 +337,7 @@ def test_sluice_ingest_waits_for_the_stream_lock_a_cycle_holds(tmp_path: Path) -
     import time
 
     from sluice.config import load_settings
-    from sluice.core.locks import stream_lock
+    from sluice.storage.locks import stream_lock
 
     home = tmp_path / "home"
     settings = load_settings({}, home=home)
@@ -491,7 +494,7 @@ def test_every_class_of_bad_input_on_two_streams_balances_to_the_lines_landed_an
     each cycle run twice. Every landed line ends in exactly one place (bronze, quarantine, the DLQ or the
     duplicate count; an unreadable file counts as one line), and every accepted record is counted in each
     of the three 15-minute windows that hold it, once the streams go idle."""
-    from sluice.storage.ledger import read_ledger
+    from sluice.windows.ledger import read_ledger
 
     settings = replace(two_home(tmp_path), catchup_min_windows=0)
     landed = {s: 0 for s in TWO}

@@ -15,7 +15,9 @@ import pytest
 
 from sluice import checks
 from sluice.checks import Check
-from sluice.quality.validator import ExpectationOutcome, OutputFrame, WindowValidation, WindowValidator
+from sluice.quality.frames import OutputFrame
+from sluice.quality.outcomes import ExpectationOutcome, WindowValidation
+from sluice.quality.validator import WindowValidator
 
 START = datetime(2024, 5, 1, 12, tzinfo=UTC)
 END = START + timedelta(hours=1)

@@ -13,9 +13,11 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.core.lake import Lake, parse_root
-from sluice.ingest import landing
-from sluice.ingest.landing import file_watermarks, load_state, run_ingest
-from sluice.storage.engines import engine_for
+from sluice.ingest import microbatch as landing
+from sluice.ingest.landing import run_ingest
+from sluice.ingest.state import load_state
+from sluice.ingest.time_rules import file_watermarks
+from sluice.runtime.context import open_run
 from support import lake
 from support.lake import table
 
@@ -43,7 +45,7 @@ def land(settings: Settings, stream: str, name: str, lines: list[str], arrival_m
 
 def ingest(spark: SparkSession, settings: Settings, now_minutes: float, *streams: str) -> Settings:
     settings = replace(settings, now_override=ts(now_minutes))
-    run_ingest(spark, settings, engine_for(spark, settings), streams or ("impressions",))
+    run_ingest(open_run(settings, spark), streams or ("impressions",))
     return settings
 
 

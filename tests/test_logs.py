@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.core import spark as sluice_spark
+from sluice.runtime import spark as sluice_spark
 from support.servers import (
     WebhookServer,
     webhook_fixture,  # noqa: F401 (pytest fixture ``webhook``)

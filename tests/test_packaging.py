@@ -163,5 +163,5 @@ def test_pip_install_into_fresh_venv(tmp_path: Path) -> None:
     assert where.strip().startswith(str(venv))
     # Package data: the plugin's page and the Spark JVM's log4j2 configuration.
     installed_pkg = Path(where.strip()).parent
-    assert (installed_pkg / "core" / "log4j2.properties").is_file()
+    assert (installed_pkg / "runtime" / "log4j2.properties").is_file()
     assert list((installed_pkg / "airflow" / "ui").glob("*.html"))

@@ -16,9 +16,10 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.ingest.landing import load_state
-from sluice.storage.ledger import read_ledger
+from sluice.ingest.state import load_state
+from sluice.runtime.context import open_run
 from sluice.streaming.backfill import run_backfill
+from sluice.windows.ledger import read_ledger
 from support.lake import cycle, land, table
 from support.tutorial import write_tutorial
 
@@ -154,7 +155,7 @@ def test_own_pipeline_closes_every_window_even_when_its_filter_hides_the_heartbe
     # Backfills of the same range reproduce the streaming result and are repeatable.
     before = sorted(map(str, table(third, "gold/device_temps")))
     for _ in range(2):
-        result = run_backfill(third, "device_temps", at("09:50"), at("10:15"), spark=spark, deliver_alerts=False)
+        result = run_backfill(open_run(third, spark), "device_temps", at("09:50"), at("10:15"), deliver_alerts=False)
         assert result.windows == [w for w in hopping("10:05", "10:25") if expected(w)]
         assert sorted(map(str, table(third, "gold/device_temps"))) == before
 

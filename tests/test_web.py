@@ -23,8 +23,8 @@ from sluice.cli.status import status_data
 from sluice.config import load_settings
 from sluice.quality.freshness import open_windows
 from sluice.storage import tables
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, read_ledger
 from sluice.storage.snapshots import arrow_schema
+from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, read_ledger
 
 T0 = datetime(2024, 5, 1, tzinfo=UTC)
 H = timedelta(hours=1)
@@ -278,7 +278,8 @@ def test_open_windows_are_counted_one_way_in_status_and_on_the_page(home: Path) 
     # W = 02:15: [01:00, 02:00) is closable but not closed yet (the next cycle closes it), [02:00, 03:00) open.
     # Every window the ledger does not hold and that ends after W - lateness_bound is open.
     expected = [(T0 + 2 * H, T0 + 3 * H)]
-    assert open_windows(settings, settings.pipeline("user_activity_hourly")) == expected
+    assert open_windows(settings, settings.pipeline("user_activity_hourly"),
+                        Ledger(settings, "user_activity_hourly").rows) == expected
     [page] = [p for p in windows_data(settings, lambda page: page)["pipelines"]
               if p["pipeline"] == "user_activity_hourly"]
     assert [w["window_start"] for w in page["windows"] if w["state"] == "open"] == ["2024-05-01T02:00:00Z"]
@@ -349,7 +350,7 @@ def test_windows_link_the_airflow_task_that_closed_and_validated_them(home: Path
 def test_the_ledger_records_the_airflow_task_of_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
     import json
 
-    from sluice.storage.ledger import airflow_task
+    from sluice.windows.ledger import airflow_task
 
     for var in ("AIRFLOW_CTX_DAG_ID", "AIRFLOW_CTX_DAG_RUN_ID", "AIRFLOW_CTX_TASK_ID", "AIRFLOW_CTX_TRY_NUMBER"):
         monkeypatch.delenv(var, raising=False)

@@ -9,12 +9,20 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sluice.core.errors import DefinitionError
 
-if TYPE_CHECKING:
-    from sluice.core.api import Stream
+
+class Stream(Protocol):
+    """What a check needs of a stream's declaration (:class:`sluice.Stream` and its resolved spec have it):
+    a protocol, so that the declarations of checks need not import the API that declares streams."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def fields(self) -> Mapping[str, Any]: ...
 
 
 @dataclass(frozen=True)

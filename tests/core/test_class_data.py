@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core import class_data
-from sluice.core import spark as sluice_spark
+from sluice.runtime import spark as sluice_spark
 from sluice.core.jars import cache_dir
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core.leases import LeaseLost, LeaseStore
-from sluice.core.locks import LockTimeout
+from sluice.storage.locks import LockTimeout
 from support.s3 import S3Server
 
 pytestmark = pytest.mark.slow

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from deltalake import DeltaTable
 
+from sluice.core.windows import Window
 from sluice_tools.generate import GenerateOptions, generate
 from support.lake import read_rows
 from support.logs import logged
@@ -31,7 +32,6 @@ from support.servers import (
 START = datetime(2024, 5, 1, tzinfo=UTC)
 HOUR = timedelta(hours=1)
 
-Window = tuple[datetime, datetime]
 PROXIES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
 
 # Every dag.test() needs its own logical date in the shared metadata DB.

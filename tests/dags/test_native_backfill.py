@@ -33,7 +33,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from deltalake import DeltaTable
 
-from sluice.core.windows import windows_starting_in
+from sluice.core.windows import Window, windows_starting_in
 from sluice_tools.generate import GenerateOptions, generate
 from support.airflow_servers import REPO, VENV_BIN, Servers, free_port, sqlite_metadata_db
 from support.lake import read_rows
@@ -45,7 +45,6 @@ MINUTE = timedelta(minutes=1)
 W0, W1 = (START, START + HOUR), (START + HOUR, START + 2 * HOUR)  # the two generated hours
 NOW = START + 4 * HOUR  # the clock of the first cycle: both hours closable (heartbeat at NOW - 30 min)
 
-Window = tuple[datetime, datetime]
 
 
 # ------------------------------------------------------------------------------------------------ helpers

@@ -18,9 +18,9 @@ from deltalake import DeltaTable
 
 from sluice.config import load_settings
 from sluice.storage.engine import OpsDeltaEngine
-from sluice.storage.ledger import WINDOW_LEDGER, read_ledger
 from sluice.storage.snapshots import read_small_table
 from sluice.storage.tables import INGEST_BATCHES
+from sluice.windows.ledger import WINDOW_LEDGER, read_ledger
 
 PROCESSES = 4
 ITERATIONS = 12
@@ -40,7 +40,7 @@ _CHILD = textwrap.dedent(
 
     from sluice.config import load_settings
     from sluice.storage.engine import OpsDeltaEngine
-    from sluice.storage.ledger import LedgerRow, write_ledger
+    from sluice.windows.ledger import LedgerRow, write_ledger
     from sluice.storage.tables import INGEST_BATCHES
 
     home, index, iterations, go, out = sys.argv[1:6]

@@ -285,7 +285,7 @@ _CHILD = textwrap.dedent(
 
     from sluice.config import load_settings
     from sluice.storage.spark_engine import SparkDeltaEngine
-    from sluice.core.spark import get_spark
+    from sluice.runtime.spark import get_spark
 
     home, table, mode, out, app_id, version = sys.argv[1:7]
     spark = get_spark(load_settings({{}}, home=Path(home)), master="local[1]")

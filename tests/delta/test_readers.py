@@ -21,9 +21,9 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.ingest.landing import run_ingest
+from sluice.runtime.context import open_run
 from sluice.storage import tables
-from sluice.storage.engines import engine_for
-from sluice.storage.ledger import WINDOW_LEDGER
+from sluice.windows.ledger import WINDOW_LEDGER
 from support.lake import cycle, land
 
 pytestmark = pytest.mark.spark
@@ -69,7 +69,7 @@ def test_tables_carry_their_properties_and_read_the_same_in_polars_and_duckdb(
     # a dozen stateful batches that tell the readers nothing more.
     now = T0 + timedelta(hours=3)
     one_file_each = replace(settings, max_files_per_trigger=1, now_override=now)
-    run_ingest(spark, one_file_each, engine_for(spark, one_file_each), ["impressions", "clicks"])
+    run_ingest(open_run(one_file_each, spark), ["impressions", "clicks"])
     done = cycle(spark, settings, "ad_clicks_hourly", now, quality=True)
 
     spec = done.stream("impressions")

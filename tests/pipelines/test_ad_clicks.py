@@ -28,9 +28,10 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.config import load_settings as _load_settings
-from sluice.ingest.landing import load_state
-from sluice.storage.ledger import LedgerRow, read_ledger
+from sluice.ingest.state import load_state
+from sluice.runtime.context import open_run
 from sluice.streaming.cycle import run_cycle
+from sluice.windows.ledger import LedgerRow, read_ledger
 from sluice_tools.generate import GenerateOptions, Manifest, generate
 from support.lake import read_rows
 
@@ -196,7 +197,7 @@ def oracle(settings: Settings, before: datetime | None = None) -> Oracle:
 def cycle(spark: SparkSession, settings: Settings, now: datetime, *, quality: bool = False) -> Settings:
     """One product cycle (ingest + aggregation, and the data-quality step when ``quality``) at ``now``."""
     at = replace(settings, now_override=now)
-    run_cycle(at, PIPELINE, spark=spark, check_quality=quality, deliver_alerts=False)
+    run_cycle(open_run(at, spark), PIPELINE, check_quality=quality, deliver_alerts=False)
     return at
 
 

@@ -13,8 +13,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.ingest.landing import load_state
-from sluice.storage.ledger import read_ledger
+from sluice.ingest.state import load_state
+from sluice.windows.ledger import read_ledger
 from support import lake
 from support.lake import table
 

@@ -13,8 +13,8 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.config import load_settings as _load_settings
-from sluice.ingest.landing import load_state
-from sluice.storage.ledger import read_ledger
+from sluice.ingest.state import load_state
+from sluice.windows.ledger import read_ledger
 from support import lake
 from support.lake import table
 

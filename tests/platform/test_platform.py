@@ -200,7 +200,7 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     assert re.search(r"tables: [1-9][0-9]* Parquet objects in s3://sluice/lake; 0 on the local disks", stdout), stdout
     # The late file was corrected by the next run, by itself.
     from sluice.config import load_settings
-    from sluice.storage.ledger import read_ledger
+    from sluice.windows.ledger import read_ledger
 
     env = platform.env()
     s3_settings = load_settings(env, home=Path(env["SLUICE_HOME"]))

@@ -32,7 +32,8 @@ from sluice.quality.docs_assets import (
     offline_html,
     vendored,
 )
-from sluice.quality.validator import OutputFrame, WindowValidator
+from sluice.quality.frames import OutputFrame
+from sluice.quality.validator import WindowValidator
 
 START = datetime(2024, 5, 1, 12, tzinfo=UTC)
 HOUR = timedelta(hours=1)

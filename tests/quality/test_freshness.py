@@ -16,9 +16,10 @@ from sluice.alerting.outbox import record_alerts
 from sluice.config import Settings, load_settings
 from sluice.core.model import PipelineDef
 from sluice.core.windows import WindowSpec
-from sluice.ingest.landing import BatchRow, StreamState, run_ingest
+from sluice.ingest.landing import run_ingest
+from sluice.ingest.state import BatchRow, StreamState
 from sluice.quality.freshness import due_time, first_window_holding, oldest_open_window, stale_alerts
-from sluice.storage.engines import engine_for
+from sluice.runtime.context import open_run
 from sluice.streaming.cycle import run_quality
 from support.lake import cycle, land, table
 from support.servers import WebhookServer, webhook_fixture  # noqa: F401 (pytest fixture ``webhook``)
@@ -96,7 +97,7 @@ def test_a_window_left_open_past_its_grace_raises_one_stale_alert_naming_the_str
     def run(now: datetime) -> None:
         from dataclasses import replace
 
-        run_cycle(replace(home, now_override=now), "device_temps", spark=spark)  # delivers, as `sluice run`
+        run_cycle(open_run(replace(home, now_override=now), spark), "device_temps")  # delivers, as `sluice run`
 
     # On time: data of 10:00-10:20 arriving as it happens closes windows, nothing is stale.
     for i, minute in enumerate((0, 10, 20)):
@@ -152,8 +153,8 @@ def ingest_and_check(spark: SparkSession, home: Settings, pipeline: str, now: da
     """What the pipeline's DAG runs around its aggregation: ingest of its streams, then the scheduled check
     (``check_quality``), which judges freshness."""
     at_now = replace(home, now_override=now)
-    run_ingest(spark, at_now, engine_for(spark, at_now), list(at_now.pipeline(pipeline).streams))
-    run_quality(at_now, pipeline, spark, deliver_alerts=False)
+    run_ingest(open_run(at_now, spark), list(at_now.pipeline(pipeline).streams))
+    run_quality(open_run(at_now, spark), pipeline, deliver_alerts=False)
     return at_now
 
 

@@ -19,8 +19,9 @@ from fastapi.testclient import TestClient
 from sluice.airflow.web import create_app
 from sluice.config import Settings, load_settings
 from sluice.quality.checker import docs_url
+from sluice.quality.frames import OutputFrame
 from sluice.quality.site import docs_site
-from sluice.quality.validator import OutputFrame, WindowValidator
+from sluice.quality.validator import WindowValidator
 from support.s3 import S3Server
 
 START = datetime(2024, 5, 1, 12, tzinfo=UTC)

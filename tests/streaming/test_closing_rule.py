@@ -15,8 +15,9 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.ingest import load_state
-from sluice.storage.ledger import read_ledger
+from sluice.runtime.context import open_run
 from sluice.streaming.backfill import run_backfill
+from sluice.windows.ledger import read_ledger
 from support import two_streams
 from support.lake import cycle, land, table
 from support.logs import logged
@@ -88,7 +89,7 @@ def test_a_window_whose_end_plus_bound_equals_the_watermark_closes_on_every_path
                                                                               (at("05:00"), at("06:30"))]
         # A backfill of the same range reproduces it exactly.
         before = gold(after)
-        run_backfill(after, PIPELINE, at("04:00"), at("06:00"), spark=spark, deliver_alerts=False)
+        run_backfill(open_run(after, spark), PIPELINE, at("04:00"), at("06:00"), deliver_alerts=False)
         assert gold(after) == before
         homes.append(after)
     streamed, caught_up_home = homes
@@ -166,7 +167,7 @@ def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_ca
     assert unmatched[(at("06:00"), "a1")] == 1  # k4: i0 is 2.5 h older, outside the join bound
 
     before = (gold(third), gold(third, "unmatched_clicks_hourly"))
-    run_backfill(third, PIPELINE, at("06:00"), at("07:00"), spark=spark, deliver_alerts=False)
+    run_backfill(open_run(third, spark), PIPELINE, at("06:00"), at("07:00"), deliver_alerts=False)
     assert (gold(third), gold(third, "unmatched_clicks_hourly")) == before
 
 
@@ -244,7 +245,7 @@ def test_a_record_accepted_exactly_at_the_watermark_is_in_every_streaming_window
         assert [two_gold(third, output, metric)[w]["d1"] for w in holding] == [2, 3, 2], output
     # The same windows from a backfill.
     before = {output: two_gold(third, output, metric) for output, metric in outputs}
-    run_backfill(third, two_streams.PIPELINE, at("09:45"), at("10:00"), spark=spark, deliver_alerts=False)
+    run_backfill(open_run(third, spark), two_streams.PIPELINE, at("09:45"), at("10:00"), deliver_alerts=False)
     assert {output: two_gold(third, output, metric) for output, metric in outputs} == before
 
 

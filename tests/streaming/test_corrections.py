@@ -28,13 +28,15 @@ from pyspark.sql import SparkSession
 
 from sluice.cli.main import build_parser, main
 from sluice.config import Settings, load_settings
+from sluice.core.windows import Window
 from sluice.ingest.landing import run_ingest
+from sluice.runtime.context import open_run
 from sluice.storage.dlq import dlq_paths
 from sluice.storage.engines import engine_for
-from sluice.storage.ledger import LedgerRow, join_detail, parse_gold_versions, read_ledger, split_detail
 from sluice.streaming.backfill import input_spans, run_backfill, validate_request
-from sluice.streaming.corrections import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.streaming.cycle import CycleResult, run_cycle
+from sluice.windows.late import backfill_command, dlq_mark, scan_amendments, waiting_detail
+from sluice.windows.ledger import LedgerRow, join_detail, parse_gold_versions, read_ledger, split_detail
 from support.lake import cycle, land, read_rows, table
 from support.servers import (
     WebhookServer,
@@ -51,7 +53,6 @@ DAY = datetime(2024, 5, 1, tzinfo=UTC)
 # Lateness is not what these tests are about: one late reading among a handful would fail the 1% check.
 BASE_ENV = {"SLUICE_LATENESS_THRESHOLD": "1"}
 
-Window = tuple[datetime, datetime]
 
 
 def at(hhmm: str) -> datetime:
@@ -94,7 +95,7 @@ def make_settings(tmp_path: Path, **env: str) -> Settings:
 
 
 def run_at(spark: SparkSession, settings: Settings, now: str, *, deliver: bool = False) -> CycleResult:
-    result = run_cycle(replace(settings, now_override=at(now)), PIPELINE, spark=spark, deliver_alerts=deliver)
+    result = run_cycle(open_run(replace(settings, now_override=at(now)), spark), PIPELINE, deliver_alerts=deliver)
     assert result.exit_code == 0, result.render()
     return result
 
@@ -162,8 +163,8 @@ def backfill_from(command: str, settings: Settings, spark: SparkSession) -> None
     argv = shlex.split(command)
     assert argv[:2] == ["sluice", "backfill"], command
     args = build_parser().parse_args(argv[1:])
-    result = run_backfill(settings, args.pipeline, args.start, args.end, include_late=args.include_late,
-                          spark=spark, deliver_alerts=False)
+    result = run_backfill(open_run(settings, spark), args.pipeline, args.start, args.end,
+                          include_late=args.include_late, deliver_alerts=False)
     assert result.exit_code == 0, result.render()
 
 
@@ -267,7 +268,7 @@ def test_manual_flags_late_data_waiting_and_leaves_gold_alone(
     # A backfill without --include-late rewrites from bronze only: the late reading is still not in gold,
     # so the window keeps its count (and says what to run); SPEC 6 still marks it reprocessed.
     first = win("09:50")
-    run_backfill(settings, PIPELINE, first[0], first[0] + timedelta(minutes=5), spark=spark, deliver_alerts=False)
+    run_backfill(open_run(settings, spark), PIPELINE, first[0], first[0] + timedelta(minutes=5), deliver_alerts=False)
     row = ledger(settings)[first]
     assert (row.state, row.late_waiting, row.late_rows) == ("reprocessed", 1, 1)
     detail = row.detail or ""
@@ -302,13 +303,13 @@ def test_manual_flags_late_data_waiting_and_leaves_gold_alone(
     old_files = [Path(uri) for uri in DeltaTable(str(dlq)).file_uris()]
     land_file(settings, ("late3.jsonl", "11:06", [reading(9, "d1", "10:21", 26.0, 84)]))
     at_now = replace(settings, now_override=at("11:10"))
-    engine = engine_for(spark, at_now)
-    run_ingest(spark, at_now, engine, ["readings"])
+    run = open_run(at_now, spark)
+    run_ingest(run, ["readings"])
     saved = {f: f.read_bytes() for f in old_files}
     try:
         for f in old_files:
             f.write_bytes(b"unreadable")
-        assert scan_amendments(at_now, engine, at_now.pipeline(PIPELINE)) == [win("10:10")]
+        assert scan_amendments(run.ledger(PIPELINE), run.engine, run.state, at_now.pipeline(PIPELINE)) == [win("10:10")]
     finally:
         for f, data in saved.items():
             f.write_bytes(data)
@@ -334,7 +335,7 @@ def test_late_data_waiting_keeps_a_failed_window_failed_until_a_backfill_with_it
     settings = make_settings(tmp_path, SLUICE_LATENESS_THRESHOLD="0.01")  # the shipped default
 
     def run(now: str) -> CycleResult:
-        return run_cycle(replace(settings, now_override=at(now)), PIPELINE, spark=spark, deliver_alerts=False)
+        return run_cycle(open_run(replace(settings, now_override=at(now)), spark), PIPELINE, deliver_alerts=False)
 
     # One cycle takes the four files in arrival order (the reading of 10:11 after the watermark reached 10:27).
     for file in [*ON_TIME, LATE_BEFORE_CLOSE]:
@@ -365,7 +366,7 @@ def test_late_data_waiting_keeps_a_failed_window_failed_until_a_backfill_with_it
     # The command the failed window's detail names: its two DLQ records (10:11 and 10:03) go into gold, and
     # none of them is late data any more. The backfill's range holds the three windows starting at 09:50,
     # 09:55 and 10:00: all three pass.
-    backfill = run_backfill(settings, PIPELINE, at("09:50"), at("10:05"), include_late=True, spark=spark,
+    backfill = run_backfill(open_run(settings, spark), PIPELINE, at("09:50"), at("10:05"), include_late=True,
                             deliver_alerts=False)
     assert backfill.windows == LATE_WINDOWS and backfill.quality is not None
     assert backfill.quality.failed == {}, backfill.quality.failed
@@ -392,7 +393,7 @@ def test_retry_re_checks_then_recomputes_exactly_the_failed_windows(
         monkeypatch.delenv(name, raising=False)
     for file in [*ON_TIME, LATE_BEFORE_CLOSE]:
         land_file(settings, file)
-    first = run_cycle(replace(settings, now_override=at("10:35")), PIPELINE, spark=spark, deliver_alerts=True)
+    first = run_cycle(open_run(replace(settings, now_override=at("10:35")), spark), PIPELINE, deliver_alerts=True)
     failing = [win("10:00"), win("10:05"), win("10:10")]
     assert first.quality is not None and sorted(first.quality.failed) == failing
     assert "3 alerts recorded, no channel configured (sluice_webhook, sluice_smtp)" in first.render()

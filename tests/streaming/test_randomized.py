@@ -55,10 +55,10 @@ from pyspark.sql import functions as F
 from sluice.config import Settings
 from sluice.core.spark import collected_utc
 from sluice.core.timeutil import parse_duration
-from sluice.ingest.landing import load_state
+from sluice.ingest.state import load_state
 from sluice.storage.engines import engine_for
-from sluice.storage.ledger import read_ledger
 from sluice.streaming.runner import batch_inputs, closing_boundary, gold_rows, pipeline_watermark
+from sluice.windows.ledger import read_ledger
 from support.lake import cycle, land, table
 from support.model import STREAMS, Cycle, LandedFile, Rec, StreamModel, TwoStreamsModel, hm
 from support.two_streams import JOINED_OUT, PIPELINE, READINGS_OUT, TXNS_OUT, two_stream_home

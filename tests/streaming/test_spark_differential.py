@@ -24,7 +24,7 @@ from pyspark.sql import functions as F
 
 from sluice.config import Settings, load_settings
 from sluice.ingest import run_ingest
-from sluice.storage.engines import engine_for
+from sluice.runtime.context import open_run
 from sluice_tools.generate import GenerateOptions, generate
 from support.lake import land, table
 
@@ -67,7 +67,7 @@ def plain_spark(
 
 
 def sluice_side(spark: SparkSession, settings: Settings) -> dict[str, Any]:
-    run_ingest(spark, settings, engine_for(spark, settings), ["events"])
+    run_ingest(open_run(settings, spark), ["events"])
     batches = sorted((r for r in table(settings, "ops/ingest_batches") if not r["is_heartbeat"]),
                      key=lambda r: r["batch_id"])
     bronze = {r["event_id"]: r for r in table(settings, "bronze/events") if not r["is_heartbeat"]}

@@ -15,7 +15,8 @@ import pytest
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.core.spark import STATE_STORE_PROVIDERS, spark_conf
+from sluice.runtime.context import open_run
+from sluice.runtime.spark import STATE_STORE_PROVIDERS, spark_conf
 from sluice.streaming.backfill import run_backfill
 from support.lake import cycle, land, table
 
@@ -85,6 +86,6 @@ def test_a_query_begun_on_rocksdb_keeps_its_state_when_the_default_is_the_in_mem
     rows = {(r["window_start"], r["ad_id"]): (r["impressions"], r["clicks"]) for r in table(second, f"gold/{PIPELINE}")}
     assert rows == {(at("05:00"), "a1"): (1, 1), (at("06:00"), "a2"): (1, 1)}
     before = gold(second)
-    run_backfill(second, PIPELINE, at("05:00"), at("07:00"), spark=spark, deliver_alerts=False)
+    run_backfill(open_run(second, spark), PIPELINE, at("05:00"), at("07:00"), deliver_alerts=False)
     assert gold(second) == before
 

@@ -60,8 +60,9 @@ def table(settings: Settings, name: str) -> list[dict[str, Any]]:
 
 def cycle(spark: SparkSession, settings: Settings, pipeline: str, now: datetime, *, quality: bool = False) -> Settings:
     """One product cycle of ``pipeline`` at ``now`` (ingest, aggregate, and optionally data quality)."""
+    from sluice.runtime.context import open_run
     from sluice.streaming.cycle import run_cycle
 
     at_now = replace(settings, now_override=now)
-    run_cycle(at_now, pipeline, spark=spark, check_quality=quality, deliver_alerts=False)
+    run_cycle(open_run(at_now, spark), pipeline, check_quality=quality, deliver_alerts=False)
     return at_now

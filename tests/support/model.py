@@ -32,13 +32,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from sluice.core.windows import Window
+
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 STREAMS = ("readings", "txns")
 ID_FIELD = {"readings": "reading_id", "txns": "txn_id"}
 TIME_FIELD = {"readings": "event_time", "txns": "ts"}
 VALUE_FIELD = {"readings": "temp_c", "txns": "amount"}
 
-Window = tuple[datetime, datetime]
 
 
 def iso(t: datetime) -> str:

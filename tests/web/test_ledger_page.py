@@ -84,6 +84,7 @@ def sluice_home(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     """Real cycles and a backfill, on the suite's Spark session: the page reads what they wrote, and how a
     cycle is started (CLI, DAG) is other tests' subject."""
     from sluice.config import load_settings
+    from sluice.runtime.context import open_run
     from sluice.streaming.backfill import run_backfill
     from sluice.streaming.cycle import run_cycle
     from sluice_tools.generate import GenerateOptions, generate
@@ -104,11 +105,11 @@ def sluice_home(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -
     # 00:00 fails. Its alert is delivered right away (no channel is configured: it is marked so), as any run
     # does: left pending, the next delivery, the send_alerts task of the page's backfill, would send it and
     # fail that run for a window it did not touch.
-    assert run_cycle(at("2024-05-01T03:10:00Z"), PIPELINE, spark=spark).exit_code == 2
+    assert run_cycle(open_run(at("2024-05-01T03:10:00Z"), spark), PIPELINE).exit_code == 2
     land("2024-05-01T03:00:00Z", 2, 0)
-    assert run_cycle(at(NOW), PIPELINE, spark=spark, check_quality=False).exit_code == 0
-    assert run_backfill(settings, PIPELINE, "2024-05-01T03:00:00Z", "2024-05-01T04:00:00Z",
-                        spark=spark).exit_code == 0
+    assert run_cycle(open_run(at(NOW), spark), PIPELINE, check_quality=False).exit_code == 0
+    assert run_backfill(open_run(settings, spark), PIPELINE, "2024-05-01T03:00:00Z",
+                        "2024-05-01T04:00:00Z").exit_code == 0
     return home
 
 
@@ -219,7 +220,7 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 def _ledger_states(home: Path) -> dict[str, str]:
     from sluice.cli.output import rfc3339
     from sluice.config import load_settings
-    from sluice.storage.ledger import read_ledger
+    from sluice.windows.ledger import read_ledger
 
     return {str(rfc3339(r.window_start)): r.state for r in read_ledger(load_settings({}, home=home), PIPELINE)}
 

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sluice.cli.report import accounting_table, render_table
 from sluice.cli.status import ledger_summary
 from sluice.config import Settings
+from sluice.ingest.accounting import accounting_table, render_table
 from sluice.quality.site import docs_site
 from sluice.storage import snapshots, tables
-from sluice.storage.ledger import read_ledger
+from sluice.windows.ledger import read_ledger
 
 log = logging.getLogger("sluice.demo")
 

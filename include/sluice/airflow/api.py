@@ -17,13 +17,13 @@ from urllib.parse import quote
 
 from sluice.cli.output import COUNTS, rfc3339
 from sluice.config import Settings
-from sluice.ingest.landing import load_state
+from sluice.ingest.state import load_state
 from sluice.quality.freshness import open_windows
+from sluice.quality.outcomes import LATENESS, NO_NULL_KEYS
 from sluice.quality.site import docs_site
-from sluice.quality.validator import LATENESS, NO_NULL_KEYS
 from sluice.storage import tables
-from sluice.storage.ledger import STATES, LedgerRow, read_ledger
 from sluice.storage.snapshots import read_small_table
+from sluice.windows.ledger import STATES, Ledger, LedgerRow
 
 #: Grid rows, in lifecycle order (late data waiting is ``late_waiting``, apart from the state); any other state
 #: found in the ledger is appended after these.
@@ -42,7 +42,7 @@ def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: i
     for entry in dq.values():
         entry["failures"] = [{"expectation": e, "observed": o, "expected": expected_value(e, o, settings)}
                              for e, o in entry["failures"]]
-    ledger = read_ledger(settings)
+    ledger = Ledger(settings).rows
     found = sorted({r.state for r in ledger} - set(GRID_STATES))
     pipelines = []
     for name in sorted(settings.registry.pipelines):

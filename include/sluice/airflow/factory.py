@@ -210,7 +210,7 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
 
     def execute(self, context: Any) -> None:
         from sluice.config import load_settings
-        from sluice.core.spark import (  # imports PySpark: at run time, never at parse time
+        from sluice.runtime.spark import (  # imports PySpark: at run time, never at parse time
             delta_jars,
             driver_class_path,
             executor_class_path,
@@ -269,9 +269,9 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
         self.pipeline = pipeline
 
     def execute(self, context: Any) -> None:
-        from sluice.storage.ledger import pending_windows
+        from sluice.runtime.context import open_run
 
-        pending = pending_windows(task_settings(), self.pipeline)
+        pending = open_run(task_settings()).ledger(self.pipeline).pending()
         if not pending:
             log.info("every closed window of %s is validated (run_cycle checks the windows it closes); "
                      "nothing to check, Spark not started", self.pipeline)
@@ -308,12 +308,14 @@ class SluiceGoldOperator(SluiceSparkSubmitOperator):
         self.gold_alias = gold_alias
 
     def execute(self, context: Any) -> None:
-        from sluice.storage.ledger import gold_changes, read_ledger
+        from sluice.runtime.context import open_run
+        from sluice.windows.ledger import gold_changes
 
         settings = task_settings()
-        before = read_ledger(settings, self.pipeline)
+        ledger = open_run(settings).ledger(self.pipeline)
+        before = ledger.rows
         super().execute(context)  # raises on failure: no event for a rewrite that did not happen
-        changed = gold_changes(before, read_ledger(settings, self.pipeline))
+        changed = gold_changes(before, ledger.rows)
         if not changed:
             log.info("%s: no window's gold changed: no asset event", self.pipeline)
             return

@@ -120,8 +120,9 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
 
         site = docs_site(_settings())
         missing = HTTPException(status_code=404, detail=f"no Data Docs page {path!r} yet; run a pipeline first")
-        if site.root.is_local:
-            root = site.root.local().resolve()
+        folder = site.root.local_path()
+        if folder is not None:
+            root = folder.resolve()
             target = (root / (path or "index.html")).resolve()
             # Never serve anything outside the Data Docs folder.
             if root not in target.parents and target != root:

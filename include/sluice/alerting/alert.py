@@ -11,7 +11,10 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:  # a type only: importing this module must stay light (no PySpark)
+    from sluice.core.windows import Window
 
 
 def _utc(value: datetime) -> datetime:
@@ -89,7 +92,7 @@ class Alert:
         return cls(pipeline, None, None, failed, None, raised_at, UNREADABLE_FILE)
 
     @classmethod
-    def stale(cls, pipeline: str, window: tuple[datetime, datetime], due: datetime,
+    def stale(cls, pipeline: str, window: Window, due: datetime,
               holding: Mapping[str, datetime | str | None], raised_at: datetime, docs_url: str | None = None
               ) -> Alert:
         """The window was due closed at ``due`` (see :mod:`sluice.quality.freshness`) and is still open;

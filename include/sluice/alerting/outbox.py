@@ -86,7 +86,7 @@ def _commit(
     settings: Settings, engine: RowsEngine, pipeline: str, rows: Sequence[tuple[Any, ...]], replaced: set[str]
 ) -> None:
     """One atomic commit: the rows whose alert_id is in ``replaced`` give way to ``rows``."""
-    from sluice.storage.ledger import next_version
+    from sluice.windows.ledger import next_version
 
     path = tables.ALERTS.path(settings)
     engine.ensure_table(path, tables.ALERTS.schema)  # also adds the outbox columns to an older table
@@ -245,7 +245,8 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
     Derived from the ingest log, not from what the current cycle saw, so that a crash between a file's
     quarantine and its alert cannot lose the alert: the next cycle raises it. Its key includes a digest of
     the files, so a rerun raises the same alert, not a second one."""
-    from sluice.ingest.landing import load_state, source_key
+    from sluice.ingest.files import source_key
+    from sluice.ingest.state import load_state
 
     unreadable = [
         (stream, source_key(batch.source_file or ""))

@@ -43,7 +43,7 @@ T0 = datetime(2024, 5, 1, 10, 0, tzinfo=UTC)
 def _train(root: Path) -> None:
     """Two cycles and a backfill of the training pipeline, in this process (whose JVM writes the archive)."""
     from sluice.config import load_settings
-    from sluice.core.spark import get_spark
+    from sluice.runtime.context import open_run
     from sluice.streaming.backfill import run_backfill
     from sluice.streaming.cycle import run_cycle
 
@@ -52,7 +52,7 @@ def _train(root: Path) -> None:
     settings = load_settings(home=root / "home", pipelines=root / "pipelines")
     landing = settings.landing_dir("readings")
     landing.mkdir(parents=True, exist_ok=True)
-    spark = get_spark(settings, "sluice-class-data")
+    run = open_run(settings, app_name="sluice-class-data")
     for n, minutes in enumerate((40, 80)):
         arrival = T0 + timedelta(minutes=minutes)
         lines = [{"reading_id": f"r{n}-{i}", "device_id": f"d{i % 3}", "temp_c": 20.0 + i,
@@ -60,10 +60,10 @@ def _train(root: Path) -> None:
         path = landing / f"batch-{n}.jsonl"
         path.write_text("".join(json.dumps(line) + "\n" for line in lines))
         os.utime(path, (arrival.timestamp(), arrival.timestamp()))
-        run_cycle(load_settings(home=root / "home", pipelines=root / "pipelines", now=arrival),
-                  "class_data_training", spark=spark, deliver_alerts=False)
-    run_backfill(settings, "class_data_training", T0, T0 + timedelta(hours=1), spark=spark)
-    spark.stop()
+        run_cycle(run.at(load_settings(home=root / "home", pipelines=root / "pipelines", now=arrival)),
+                  "class_data_training", deliver_alerts=False)
+    run_backfill(run, "class_data_training", T0, T0 + timedelta(hours=1))
+    run.spark.stop()
 
 
 def build(cache: Path | None = None, out: TextIO = sys.stderr) -> Path | None:

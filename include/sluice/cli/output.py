@@ -77,7 +77,7 @@ def _outcome(report: QualityReport | None) -> str:
 
 def stream_totals(settings: Settings, streams: Iterable[str]) -> list[dict[str, Any]]:
     """Per stream, over every batch so far: where the lines went, the watermark and the last arrival."""
-    from sluice.ingest.landing import load_state
+    from sluice.ingest.state import load_state
 
     out = []
     for name in streams:

@@ -18,11 +18,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from sluice.cli.output import rfc3339, stream_totals, window
-from sluice.cli.report import accounting_table, fmt_ts, render_table, table_rows
 from sluice.config import ConfigError, Settings
-from sluice.ingest.landing import all_late, all_late_message, load_state, source_key
+from sluice.ingest.accounting import accounting_table, fmt_ts, render_table, table_rows
+from sluice.ingest.files import source_key
+from sluice.ingest.state import load_state
+from sluice.ingest.time_rules import all_late, all_late_message
 from sluice.storage import snapshots, tables
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, parse_gold_versions, read_ledger, split_detail
+from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, parse_gold_versions, split_detail
 
 #: The ledger states counted per pipeline, after ``open`` (windows that hold data and are not closed yet,
 #: :func:`sluice.quality.freshness.open_windows`): the data-quality lifecycle (SPEC 4). Late data waiting is
@@ -39,7 +41,7 @@ def pipeline_windows(settings: Settings) -> list[dict[str, Any]]:
 
     out = []
     for pipeline, definition in sorted(settings.registry.pipelines.items()):
-        ledger = read_ledger(settings, pipeline)
+        ledger = Ledger(settings, pipeline).rows
         states = Counter(r.state for r in ledger)
         still_open = open_windows(settings, definition, ledger)
         out.append({
@@ -109,7 +111,7 @@ def render_status(settings: Settings) -> str:
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]
-    ledger = read_ledger(settings)
+    ledger = Ledger(settings).rows
     failed = [r for r in ledger if r.state == "failed"]
     if failed:
         out += ["", "failed windows:"]
@@ -165,7 +167,7 @@ def status_data(settings: Settings) -> dict[str, Any]:
         ],
         "failed_windows": [
             {"pipeline": r.pipeline, **window(r.window_start, r.window_end), "detail": r.detail}
-            for r in read_ledger(settings) if r.state == "failed"
+            for r in Ledger(settings).rows if r.state == "failed"
         ],
         "unreadable_files": [{"stream": s, "path": path} for s, path in unreadable_files(settings, streams)],
         "load_errors": [{"file": str(e.file), "message": e.message} for e in settings.registry.errors],
@@ -195,7 +197,7 @@ def find_windows(settings: Settings, start: datetime, pipeline: str | None) -> l
     that says what exists when there is none."""
     if pipeline is not None:
         settings.pipeline(pipeline)  # an unknown name says which ones exist
-    ledger = read_ledger(settings, pipeline)
+    ledger = Ledger(settings, pipeline).rows
     found = [r for r in ledger if r.window_start == start]
     if not found:
         whose = f"of {pipeline} " if pipeline else ""

@@ -65,6 +65,15 @@ class Root:
             return Root(self.scheme, str(self.local(*parts)))
         return Root(self.scheme, self.key(*parts), self.bucket)
 
+    def local_path(self) -> Path | None:
+        """The root's folder when it is one on this machine; None on object storage."""
+        return Path(self.path) if self.is_local else None
+
+    def url(self, *parts: str) -> str:
+        """What a browser opens for ``parts``: a ``file://`` URL on a local root, the object's URI otherwise."""
+        location = self.join(*parts)
+        return f"file://{location}" if self.is_local else location
+
     def local(self, *parts: str) -> Path:
         """The local path of ``parts``; a clear error on object storage, where there is none."""
         if not self.is_local:
@@ -97,6 +106,11 @@ def parse_root(value: str | os.PathLike[str], key: str, *, base: Path | None = N
         return Root(scheme, prefix, parsed.netloc)
     raise ConfigError(f"{key}: {text!r}: the scheme {parsed.scheme}:// is not supported; use a local path, "
                       "file:///path or s3://bucket/prefix")
+
+
+def on_object_storage(*roots: Root) -> bool:
+    """Whether any of ``roots`` is on object storage (then Spark needs the S3A file system and credentials)."""
+    return any(not root.is_local for root in roots)
 
 
 def child(uri: str | os.PathLike[str], *parts: str) -> str:
@@ -246,6 +260,10 @@ class Lake:
         """The local path of ``parts`` under a local lake (what is not on object storage yet); a clear error
         on object storage."""
         return self.root.local(*parts)
+
+    def local_path(self) -> Path | None:
+        """The lake's folder when it is one on this machine (to check before use); None on object storage."""
+        return self.root.local_path()
 
     def __str__(self) -> str:
         return self.root.uri

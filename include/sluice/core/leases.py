@@ -1,6 +1,6 @@
 """Leases in an object store: mutual exclusion between processes that share nothing but a bucket.
 
-A local home locks with ``flock`` (:mod:`sluice.core.locks`); two Airflow workers on two hosts cannot. Here a
+A local home locks with ``flock`` (:mod:`sluice.storage.locks`); two Airflow workers on two hosts cannot. Here a
 lock named ``<kind>/<name>`` is a series of *generations*, one object each, under ``<prefix>/<kind>/<name>/``,
 and every write is a create (``If-None-Match: *``): the one atomic conditional write that S3, and s3proxy's
 filesystem backend, guarantee (a conditional overwrite, ``If-Match``, is not atomic on every server).

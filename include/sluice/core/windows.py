@@ -15,6 +15,9 @@ from pyspark.sql import functions as F
 from sluice.core.errors import ConfigError
 from sluice.core.timeutil import parse_duration
 
+#: A window's bounds, half-open ``[start, end)``, aware UTC: the key of a window in gold, the ledger and the DLQ.
+Window = tuple[datetime, datetime]
+
 # Window starts are aligned to the Unix epoch (Spark's window() with no start offset): k * slide.
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
@@ -32,7 +35,7 @@ def first_window_start_at_or_after(ts: datetime, slide: timedelta) -> datetime:
     return EPOCH + timedelta(microseconds=-(-since_epoch_us // slide_us) * slide_us)
 
 
-def windows_starting_in(start: datetime, end: datetime, slide: timedelta) -> tuple[datetime, datetime] | None:
+def windows_starting_in(start: datetime, end: datetime, slide: timedelta) -> Window | None:
     """The windows whose start lies in ``[start, end)`` (e.g. an Airflow run's data interval), as the aligned
     backfill range ``[first window start >= start, first window start >= end)``; None when no window starts
     in it (say a 15-minute interval of an hourly pipeline that holds no full hour). Both bounds of a result

@@ -1,3 +1,3 @@
 """Data quality per closed window: inputs and ledger states (checker), Great Expectations suites
-(validator).
+(validator, with outcomes, frames, expectations, results and gx_context).
 """

@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from sluice.checks import Completeness
@@ -30,24 +30,17 @@ from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.progress import progress
 from sluice.core.spark import collected_utc, local_frame
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
+from sluice.core.windows import Window
 from sluice.quality.site import docs_site
+from sluice.runtime.context import RunContext
 from sluice.storage import tables
 from sluice.storage.dlq import dlq_counts
 from sluice.storage.engine import DeltaEngine
-from sluice.storage.ledger import (
-    LedgerRow,
-    airflow_task,
-    next_version,
-    pending_windows,
-    read_ledger,
-    replace_windows,
-    write_ledger,
-)
 from sluice.storage.snapshots import read_selected_rows
+from sluice.windows.ledger import LedgerRow, airflow_task, next_version, replace_windows
 
 log = logging.getLogger("sluice.quality")
 
-Window = tuple[datetime, datetime]
 
 def outcome_prefix(pipeline: PipelineDef, output: OutputDef) -> str:
     """Outcome names of the output named like its pipeline stay plain; other outputs' are qualified."""
@@ -151,15 +144,16 @@ def docs_url(settings: Settings, page: Path | str | None) -> str | None:
 
 
 class QualityChecker:
-    def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef):
-        self.spark = spark
-        self.settings = settings
-        self.engine = engine
+    def __init__(self, ctx: RunContext, pipeline: PipelineDef):
+        self.spark = ctx.spark
+        self.settings = ctx.settings
+        self.engine = ctx.engine
+        self.ledger = ctx.ledger(pipeline.name)
         self.pipeline = pipeline
 
     def pending(self) -> list[Window]:
         """Windows closed but not yet validated (including any left over by an interrupted cycle)."""
-        return pending_windows(self.settings, self.pipeline.name)
+        return self.ledger.pending()
 
     def check(
         self,
@@ -212,7 +206,7 @@ class QualityChecker:
             # The pipeline's DLQ records per window (only DLQ files not counted before are read).
             late_by_window = dlq_counts(self.settings, self.pipeline, windows)
             if late_in_gold is None:
-                late_in_gold = {r.window: r.late_in_gold for r in read_ledger(self.settings, self.pipeline.name)
+                late_in_gold = {r.window: r.late_in_gold for r in self.ledger.rows
                                 if r.late_in_gold}
             queries = self._count_queries(windows, include_late)
             with ThreadPoolExecutor(1, thread_name_prefix="sluice-dq-counts") as pool:
@@ -251,7 +245,7 @@ class QualityChecker:
     def _frames(self, gold_by_output: Mapping[str, Any], window: Window) -> list[Any]:
         """Every output's gold rows of ``window``, with the checks its gold suite runs."""
         from sluice.checks import Between, NotNull
-        from sluice.quality.validator import OutputFrame
+        from sluice.quality.frames import OutputFrame
 
         return [
             OutputFrame(
@@ -279,7 +273,7 @@ class QualityChecker:
         some, and no window, ledger row or completeness check would ever see them. Found from the Delta
         log alone (no data is read), they fail one pseudo-window [earliest such hour, EARLIEST_EVENT_TIME)
         with a ``coverage:<stream>`` outcome per stream, once: a window already failed is not re-raised."""
-        from sluice.quality.validator import ExpectationOutcome, WindowValidation
+        from sluice.quality.outcomes import ExpectationOutcome, WindowValidation
 
         outcomes: list[ExpectationOutcome] = []
         first: datetime | None = None
@@ -298,7 +292,7 @@ class QualityChecker:
         if first is None:
             return []
         window = (first, EARLIEST_EVENT_TIME)
-        failed = {(r.window_start, r.window_end) for r in read_ledger(self.settings, self.pipeline.name)
+        failed = {(r.window_start, r.window_end) for r in self.ledger.rows
                   if r.state == "failed"}
         if window in failed:
             return []
@@ -389,7 +383,7 @@ class QualityChecker:
                         order_by=("pipeline", "window_start", "window_end", "expectation"),
                         app_id=app, version=next_version(self.engine, path, app))
 
-        ledger = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, name)}
+        ledger = self.ledger.by_window()
         updated = []
         alerts = []
         for window, validation, n_late in results:
@@ -423,7 +417,7 @@ class QualityChecker:
                 ))
             updated.append(row)
         record_alerts(self.settings, alerts, self.engine)
-        write_ledger(self.settings, self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
+        self.ledger.record_validation(self.engine, updated, app_id=f"sluice.ledger.dq.{name}")
         if deliver:
             delivered = deliver_pending(self.settings, name, self.engine)
             for channels in delivered.channels.values():

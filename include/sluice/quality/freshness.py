@@ -44,18 +44,17 @@ import pyarrow.parquet as pq
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
-from sluice.core.windows import first_window_start_at_or_after
+from sluice.core.windows import Window, first_window_start_at_or_after
 from sluice.storage import snapshots, tables
 
 if TYPE_CHECKING:
     from sluice.alerting.alert import Alert
-    from sluice.ingest.landing import StreamState
-    from sluice.storage.ledger import LedgerRow
+    from sluice.ingest.state import StreamState
+    from sluice.windows.ledger import LedgerRow
 
 _TICK = timedelta(microseconds=1)
 _HOUR = timedelta(hours=1)
 
-Window = tuple[datetime, datetime]
 #: What holds a window open, per stream: its watermark, or why it has none.
 Holding = dict[str, datetime | str]
 
@@ -71,7 +70,7 @@ def oldest_open_window(pipeline: PipelineDef, watermark: datetime) -> Window:
     return start, start + size
 
 
-def open_windows(settings: Settings, pipeline: PipelineDef, ledger: Iterable[LedgerRow] | None = None) -> list[Window]:
+def open_windows(settings: Settings, pipeline: PipelineDef, ledger: Iterable[LedgerRow]) -> list[Window]:
     """The pipeline's windows that are open: real windows of its grid that hold its data and that the closing
     rule has not closed yet. One definition for ``sluice status`` (its ``open`` count and ``oldest open``),
     the ledger page's "not closed yet" cells and freshness, so that they count the same windows.
@@ -82,8 +81,7 @@ def open_windows(settings: Settings, pipeline: PipelineDef, ledger: Iterable[Led
     first one holding the earliest accepted record). An hour-grained overlap can count a hopping window of
     an hour whose records all fall outside it: open windows are those the next cycles can close, not a
     promise that each holds a row."""
-    from sluice.ingest.landing import load_state
-    from sluice.storage.ledger import read_ledger
+    from sluice.ingest.state import load_state
 
     states = {stream: load_state(settings, stream) for stream in pipeline.streams}
     newest = max((r.max_event_time for state in states.values() for r in state.rows
@@ -97,8 +95,7 @@ def open_windows(settings: Settings, pipeline: PipelineDef, ledger: Iterable[Led
     else:
         earliest = earliest_event_time(settings, pipeline.streams)
         after = first_window_holding(pipeline, earliest)[1] - _TICK if earliest is not None else None
-    rows = read_ledger(settings, pipeline.name) if ledger is None else ledger
-    known = {(r.window_start, r.window_end) for r in rows}
+    known = {(r.window_start, r.window_end) for r in ledger}
     hours: set[datetime] = set()
     for stream in pipeline.streams:
         hours |= set(tables.bronze_hours(tables.bronze(settings.stream(stream)).path(settings)))
@@ -165,7 +162,7 @@ def judged_window(settings: Settings, pipeline: PipelineDef, states: Mapping[str
 def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
     """The ``stale`` alert of the judged window, if it is past due (a list of at most one
     :class:`~sluice.alerting.alert.Alert`)."""
-    from sluice.ingest.landing import load_state
+    from sluice.ingest.state import load_state
 
     states = {stream: load_state(settings, stream) for stream in pipeline.streams}
     judged = judged_window(settings, pipeline, states)

@@ -108,8 +108,7 @@ class LakeStoreBackend(TupleStoreBackend):
         return self._objects.get(self._key_of(key)) is not None
 
     def get_url_for_key(self, key: Any, protocol: str | None = None) -> str:
-        location = self.root.join(self._url_path_escape_special_characters(path=self._key_of(key)))
-        return f"file://{location}" if self.root.is_local else location
+        return self.root.url(self._url_path_escape_special_characters(path=self._key_of(key)))
 
     @property
     def config(self) -> dict[str, Any]:

@@ -57,7 +57,7 @@ class DocsSite:
     @property
     def published(self) -> bool:
         """Whether pages are uploaded after each build (the site is not the folder GE renders into)."""
-        return not self.root.is_local
+        return self.root.local_path() != self.staging
 
     @cached_property
     def _store(self) -> ObjectStore:
@@ -128,5 +128,5 @@ def docs_site(settings: Settings) -> DocsSite:
     """The Data Docs site of ``settings``' lake."""
     lake = settings.lake
     root = lake.root.sub(SITE)
-    staging = root.local() if root.is_local else settings.home / "cache" / "data_docs"
+    staging = root.local_path() or settings.home / "cache" / "data_docs"
     return DocsSite(root, lake.root.join(STORES), staging, lake.credentials)

@@ -22,16 +22,18 @@ every window ever validated (GE's index builder deletes pages whose result is mi
 store); validation definitions and the datasource live in memory (no shared YAML file for concurrent
 processes to fight over).  GE renders the site into a plain local directory of HTML, which is the site on
 a local lake and is published to the lake's ``_data_docs/`` on object storage.
+
+This module registers the suites, runs them and renders their Data Docs; the parts live beside it:
+:mod:`~sluice.quality.outcomes` (outcome names, what a validation reports), :mod:`~sluice.quality.frames`
+(the two frames), :mod:`~sluice.quality.expectations` (checks -> GE expectations),
+:mod:`~sluice.quality.results` (GE results -> outcomes and observed values) and
+:mod:`~sluice.quality.gx_context` (GE's context, logs and background import).
 """
 
 from __future__ import annotations
 
-import importlib
 import logging
-import math
-import re
-import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -40,14 +42,17 @@ from urllib.parse import unquote, urlparse
 
 import pandas as pd
 
-from sluice.checks import Check
 from sluice.quality.docs_assets import make_offline
+from sluice.quality.expectations import gold_expectations, totals_expectations
+from sluice.quality.frames import _BRONZE_SUFFIX, OutputFrame, _gold_frame, _totals_frame
+from sluice.quality.gx_context import SITE_NAME, _make_context
+from sluice.quality.outcomes import ExpectationOutcome, WindowValidation
+from sluice.quality.results import _fold, _Formatter
 from sluice.quality.site import DocsSite
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
-    from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
+    from great_expectations.core import ExpectationSuiteValidationResult
     from great_expectations.core.run_identifier import RunIdentifier
-    from great_expectations.data_context import AbstractDataContext
     from great_expectations.data_context.types.resource_identifiers import (
         ExpectationSuiteIdentifier,
         ValidationResultIdentifier,
@@ -56,82 +61,9 @@ if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for i
 
 log = logging.getLogger(__name__)
 
-
-def _quiet_great_expectations() -> None:
-    """GE logs at INFO what nobody running a pipeline needs: ~200 "Skipping registering function" lines
-    when it is imported, "Multiple declarations of metric", its configuration being loaded. Keep its
-    warnings and errors, unless the application set GE's log level itself."""
-    ge = logging.getLogger("great_expectations")
-    if ge.level == logging.NOTSET:
-        ge.setLevel(logging.WARNING)
-    # GE sets this one to INFO itself when it is imported: let it follow its parent again.
-    base = logging.getLogger("great_expectations.data_context.types.base")
-    if base.level == logging.INFO:
-        base.setLevel(logging.NOTSET)
-
-
-_quiet_great_expectations()
-
-SITE_NAME = "sluice"
 _DATASOURCE = "sluice_dq"
 _TOTALS_ASSET = "window_totals"
 _GOLD_ASSET = "gold_rows"
-_OUTCOME_META = "sluice_outcome"
-_WINDOW_SECONDS_COLUMN = "window_seconds"
-_DLQ_SHARE_COLUMN = "dlq_share"
-_GOLD_SUFFIX, _BRONZE_SUFFIX = "_gold_total", "_bronze_count"  # the totals frame's columns of a completeness check
-_SAMPLE = 3  # offending values quoted in an observed value; GE's own page lists up to 20
-
-COMPLETENESS_PREFIX = "completeness:"
-NO_NULL_KEYS = "validity:no_null_keys"
-LATENESS = "lateness:dlq_share_within_threshold"
-
-
-def window_length_outcome(window_seconds: int) -> str:
-    """The name of the window-length check: ``validity:window_is_one_hour`` for the SPEC's hour."""
-    return "validity:window_is_one_hour" if window_seconds == 3600 else f"validity:window_is_{window_seconds}s"
-
-
-@dataclass(frozen=True)
-class OutputFrame:
-    """The gold rows of one output for one window, with what to check on them. ``prefix`` qualifies the
-    outcome names of an output that is not the pipeline's own (``<output>:validity:...``)."""
-
-    name: str
-    gold: pd.DataFrame
-    keys: tuple[str, ...]
-    checks: Sequence[Check] = ()
-    prefix: str = ""
-
-
-@dataclass(frozen=True)
-class ExpectationOutcome:
-    """One row of ``ops/dq_results`` for a window: a stable name, what was seen, and the verdict."""
-
-    expectation: str
-    observed_value: str
-    success: bool
-
-
-@dataclass(frozen=True)
-class WindowValidation:
-    """Every outcome of one window's validation, plus the Data Docs page to look at."""
-
-    pipeline: str
-    window_start: datetime
-    window_end: datetime
-    outcomes: list[ExpectationOutcome]
-    # The page of the first failing suite (totals before gold rows), else the totals page. It exists on
-    # disk only after WindowValidator.build_docs().
-    docs_path: Path | None = None
-
-    @property
-    def success(self) -> bool:
-        return all(o.success for o in self.outcomes)
-
-    @property
-    def failed(self) -> list[ExpectationOutcome]:
-        return [o for o in self.outcomes if not o.success]
 
 
 @dataclass(frozen=True)
@@ -141,11 +73,6 @@ class SuiteRun:
     outcomes: list[ExpectationOutcome]
     success: bool
     result_id: ValidationResultIdentifier
-
-
-# An observed-value formatter gets the GE results of one outcome's expectations (in suite order) and the
-# frame they ran on: a passing expectation reports no values, so numbers are read back from the frame.
-_Formatter = Callable[[list["ExpectationValidationResult"], pd.DataFrame], str]
 
 
 @dataclass
@@ -289,74 +216,21 @@ class WindowValidator:
     # ------------------------------------------------------------------ suites
 
     def _totals_suite(self, pipeline: str, names: list[str]) -> _Registered:
-        import great_expectations as gx
-
         signature: tuple[object, ...] = (tuple(names), self.lateness_threshold)
         name = f"{pipeline}.{_TOTALS_ASSET}"
         known = self._registered.get(name)
         if known and known.signature == signature:
             return known
-        expectations: list[Expectation] = []
-        formatters: dict[str, _Formatter] = {}
-        for outcome, label in _labels(names).items():
-            # The gold total must equal the window's bronze count, passed per window as a suite parameter:
-            # Data Docs then shows the gold total as the unexpected value and the bronze count as the
-            # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
-            bronze = {"$PARAMETER": f"{label}{_BRONZE_SUFFIX}"}
-            expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
-                column=f"{label}{_GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={_OUTCOME_META: outcome},
-            ))
-            formatters[outcome] = _format_completeness
-        expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
-            column=_DLQ_SHARE_COLUMN, min_value=0, max_value=self.lateness_threshold, meta={_OUTCOME_META: LATENESS},
-        ))
-        formatters[LATENESS] = _format_share
-        notes = [
-            "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
-            f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {self.lateness_threshold:g}.",
-        ]
+        expectations, formatters, notes = totals_expectations(names, self.lateness_threshold)
         return self._register(name, signature, self._totals_batch, expectations, formatters, notes)
 
     def _gold_suite(self, out: OutputFrame) -> _Registered:
-        import great_expectations as gx
-
-        from sluice.checks import Between, NotNull
-
         signature: tuple[object, ...] = (out.keys, tuple(out.checks), out.prefix, self.window_seconds)
         name = f"{out.name}.{_GOLD_ASSET}"
         known = self._registered.get(name)
         if known and known.signature == signature:
             return known
-        ex = gx.expectations
-        no_nulls = out.prefix + NO_NULL_KEYS
-        expectations: list[Expectation] = [
-            ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: no_nulls})
-            for column in (*out.keys, "window_start", "window_end")
-        ]
-        formatters: dict[str, _Formatter] = {no_nulls: _format_nulls}
-        for check in out.checks:
-            outcome = out.prefix + check.name
-            if isinstance(check, Between):
-                expectations.append(ex.ExpectColumnValuesToBeBetween(
-                    column=check.column, min_value=check.low, max_value=check.high, meta={_OUTCOME_META: outcome},
-                ))
-                formatters[outcome] = _format_between
-            elif isinstance(check, NotNull):
-                expectations.append(
-                    ex.ExpectColumnValuesToNotBeNull(column=check.column, meta={_OUTCOME_META: outcome})
-                )
-                formatters[outcome] = _format_nulls
-        length = out.prefix + window_length_outcome(self.window_seconds)
-        expectations.append(ex.ExpectColumnValuesToBeBetween(
-            column=_WINDOW_SECONDS_COLUMN, min_value=self.window_seconds, max_value=self.window_seconds,
-            meta={_OUTCOME_META: length},
-        ))
-        formatters[length] = _format_window_length(self.window_seconds)
-        notes = [
-            f"Validity of the window's rows of gold/{out.name}: no null keys, the declared checks, and "
-            "window_end - window_start equal to one window.",
-            f"`{_WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
-        ]
+        expectations, formatters, notes = gold_expectations(out, self.window_seconds)
         return self._register(name, signature, self._gold_batch, expectations, formatters, notes)
 
     def _register(
@@ -438,251 +312,5 @@ def _same_suite(stored: Any, expectations: list[Expectation], notes: list[str]) 
     return bool(stored.notes == notes and plain(stored.expectations) == plain(expectations))
 
 
-# ---------------------------------------------------------------------- context
-
-
-def _make_context(site: DocsSite) -> AbstractDataContext:
-    import great_expectations as gx
-    from great_expectations.data_context.types.base import (
-        DataContextConfig,
-        InMemoryStoreBackendDefaults,
-        ProgressBarsConfig,
-    )
-
-    def on_disk(sub: str) -> dict[str, str]:
-        # Under the lake, local or in a bucket: the index lists every result any host stored.
-        return {"module_name": "sluice.quality.gx_store", "class_name": "LakeStoreBackend",
-                "root": f"{site.stores.rstrip('/')}/{sub}"}
-
-    pages: dict[str, str] = {"class_name": "TupleFilesystemStoreBackend", "base_directory": str(site.staging)}
-    if site.published:  # rendered here, read from the lake: the index lists every host's pages
-        pages = {"module_name": "sluice.quality.gx_store", "class_name": "PublishedSiteBackend",
-                 "base_directory": str(site.staging), "published": site.root.uri}
-
-    in_memory = {"class_name": "InMemoryStoreBackend"}
-    config = DataContextConfig(
-        store_backend_defaults=InMemoryStoreBackendDefaults(),
-        stores={
-            "expectations_store": {"class_name": "ExpectationsStore", "store_backend": on_disk("expectations")},
-            "validation_results_store": {
-                "class_name": "ValidationResultsStore",
-                "store_backend": on_disk("validations"),
-            },
-            "checkpoint_store": {"class_name": "CheckpointStore", "store_backend": in_memory},
-            "validation_definition_store": {"class_name": "ValidationDefinitionStore", "store_backend": in_memory},
-        },
-        data_docs_sites={
-            SITE_NAME: {
-                "class_name": "SiteBuilder",
-                "show_how_to_buttons": False,
-                "store_backend": pages,
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
-            }
-        },
-        analytics_enabled=False,
-        # tqdm bars per validation would flood the Airflow task log.
-        progress_bars=ProgressBarsConfig(globally=False),
-    )
-    _quiet_great_expectations()
-    return gx.get_context(mode="ephemeral", project_config=config)
-
-
-# ---------------------------------------------------------------------- frames
-
-
 def _utc(ts: datetime) -> datetime:
     return ts.replace(tzinfo=UTC) if ts.tzinfo is None else ts.astimezone(UTC)
-
-
-def _gold_frame(gold: pd.DataFrame, *, keys: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
-    """The columns the gold suite reads, plus the derived window length in seconds.
-
-    A column missing from a non-empty frame is left missing, so its expectations fail with GE's
-    "column does not exist"; an empty frame gets the columns it lacks, so zero rows validate cleanly.
-    """
-    wanted = list(dict.fromkeys([*keys, "window_start", "window_end", *columns]))
-    if gold.empty:
-        frame = gold.reindex(columns=wanted).reset_index(drop=True)
-    else:
-        frame = gold[[c for c in wanted if c in gold.columns]].reset_index(drop=True)
-    if {"window_start", "window_end"} <= set(frame.columns):
-        start = pd.to_datetime(frame["window_start"], utc=True)
-        end = pd.to_datetime(frame["window_end"], utc=True)
-        frame[_WINDOW_SECONDS_COLUMN] = (end - start).dt.total_seconds()
-    return frame
-
-
-def _labels(outcomes: Sequence[str]) -> dict[str, str]:
-    """Column-name-safe, distinct labels for completeness outcomes (``completeness:readings`` -> ``readings``,
-    ``out:completeness:n`` -> ``out_n``)."""
-    labels: dict[str, str] = {}
-    for outcome in outcomes:
-        label = re.sub(r"\W", "_", outcome.replace(COMPLETENESS_PREFIX, ""))
-        while label in labels.values():
-            label += "_"
-        labels[outcome] = label
-    return labels
-
-
-def _totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int, total_rows: int) -> pd.DataFrame:
-    row: dict[str, int | float] = {}
-    labels = _labels(list(completeness))
-    for outcome, (gold_total, bronze_count) in completeness.items():
-        row[f"{labels[outcome]}{_GOLD_SUFFIX}"] = int(gold_total)
-        row[f"{labels[outcome]}{_BRONZE_SUFFIX}"] = int(bronze_count)
-    row["late_rows"] = int(late_rows)
-    row["total_rows"] = int(total_rows)
-    row[_DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
-    return pd.DataFrame([row])
-
-
-# ---------------------------------------------------------------------- results
-
-
-def _fold(
-    result: ExpectationSuiteValidationResult, data: pd.DataFrame, formatters: Mapping[str, _Formatter]
-) -> list[ExpectationOutcome]:
-    """One outcome per ``sluice_outcome`` name, in suite order: success only if all its parts passed."""
-    grouped: dict[str, list[ExpectationValidationResult]] = {}
-    for part in result.results:
-        meta = part.expectation_config.meta if part.expectation_config else None
-        name = (meta or {}).get(_OUTCOME_META)
-        if name:
-            grouped.setdefault(str(name), []).append(part)
-    # In the suite's declared order (formatters are registered in that order): GE lists results grouped by
-    # column, errors first, which would make the order of ops/dq_results depend on the data.
-    order = {name: i for i, name in enumerate(formatters)}
-    outcomes = []
-    for name, parts in sorted(grouped.items(), key=lambda item: order.get(item[0], len(order))):
-        success = all(bool(p.success) for p in parts)
-        errors = [e for p in parts if (e := _error(p))]
-        kinds = {_kind(p) for p in parts}
-        if errors:
-            observed = "error: " + "; ".join(dict.fromkeys(errors))
-        elif len(kinds) > 1 and kinds <= set(_BY_KIND):
-            # Checks of different kinds declared under one name: each kind reports its own parts.
-            observed = "; ".join(_BY_KIND[k]([p for p in parts if _kind(p) == k], data) for k in sorted(kinds))
-        else:
-            observed = formatters[name](parts, data)
-        outcomes.append(ExpectationOutcome(name, observed, success))
-    return outcomes
-
-
-def _kind(part: ExpectationValidationResult) -> str:
-    return str(part.expectation_config.type) if part.expectation_config else ""
-
-
-def _error(part: ExpectationValidationResult) -> str | None:
-    """GE's exception message when an expectation could not be evaluated (e.g. a missing column)."""
-    info = part.exception_info or {}
-    # Flat when the expectation itself raised; keyed by metric id when a metric failed to resolve.
-    candidates = [info] if "raised_exception" in info else [v for v in info.values() if isinstance(v, dict)]
-    for item in candidates:
-        if item.get("raised_exception"):
-            return str(item.get("exception_message") or "exception").strip()
-    return None
-
-
-def _unexpected(part: ExpectationValidationResult) -> tuple[int, list[Any]]:
-    res = part.result or {}
-    return int(res.get("unexpected_count") or 0), list(res.get("partial_unexpected_list") or [])
-
-
-def _num(value: Any) -> str:
-    """Render a number without float noise: 7200.0 -> 7200, nan -> null."""
-    if value is None:
-        return "null"
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        return str(value)
-    if math.isnan(number):
-        return "null"
-    return str(int(number)) if number.is_integer() else f"{number:.6g}"
-
-
-def _sample(values: list[Any]) -> str:
-    shown = ", ".join(_num(v) for v in values[:_SAMPLE])
-    return shown + (", ..." if len(values) > _SAMPLE else "")
-
-
-def _column(part: ExpectationValidationResult) -> str:
-    kwargs = part.expectation_config.kwargs if part.expectation_config else {}
-    return str(kwargs.get("column", "?"))
-
-
-def _first_value(data: pd.DataFrame, column: str) -> str:
-    return _num(data[column].iloc[0]) if column in data.columns and len(data) else "missing"
-
-
-def _format_completeness(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    column = _column(parts[0])
-    gold = _first_value(data, column)
-    bronze = _first_value(data, column.removesuffix(_GOLD_SUFFIX) + _BRONZE_SUFFIX)
-    return f"gold={gold} bronze={bronze}"
-
-
-def _format_share(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    return _first_value(data, _DLQ_SHARE_COLUMN)
-
-
-def _format_nulls(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    per_column = {_column(p): _unexpected(p)[0] for p in parts}
-    total = sum(per_column.values())
-    detail = ", ".join(f"{c}: {n}" for c, n in per_column.items() if n)
-    return f"{total} null{'' if total == 1 else 's'}" + (f" ({detail})" if detail else "")
-
-
-def _bounds(part: ExpectationValidationResult) -> str:
-    kwargs = part.expectation_config.kwargs if part.expectation_config else {}
-    low, high = kwargs.get("min_value"), kwargs.get("max_value")
-    return f"[{'-inf' if low is None else _num(low)}, {'inf' if high is None else _num(high)}]"
-
-
-def _format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    found = [(_column(p), _bounds(p), *_unexpected(p)) for p in parts]
-    total = sum(n for _, _, n, _ in found)
-    if len({b for _, b, _, _ in found}) == 1:
-        detail = ", ".join(f"{c}: {_sample(v)}" for c, _b, n, v in found if n)
-        return f"{total} outside {found[0][1]}" + (f" ({detail})" if detail else "")
-    # Checks folded under one name with different bounds: each part says which bounds it broke.
-    detail = ", ".join(f"{c}: {_sample(v)} outside {b}" for c, b, n, v in found if n)
-    return f"{total} outside their bounds" + (f" ({detail})" if detail else "")
-
-
-def _format_window_length(window_seconds: int) -> _Formatter:
-    def fmt(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-        wrong, values = _unexpected(parts[0])
-        rows = int((parts[0].result or {}).get("element_count") or 0)
-        return f"{wrong} of {rows} rows != {window_seconds}s" + (f" ({_sample(values)})" if values else "")
-
-    return fmt
-
-
-_BY_KIND: dict[str, _Formatter] = {
-    "expect_column_values_to_be_between": _format_between,
-    "expect_column_values_to_not_be_null": _format_nulls,
-}
-
-
-_warming: threading.Thread | None = None
-
-
-def warm_up() -> None:
-    """Import Great Expectations in a background thread. It is seconds of pure-Python import work, so a
-    caller that will validate windows starts it before its Spark work (best: before the JVM starts, whose
-    launch leaves the Python process waiting), and the validator's own imports then find the modules
-    loaded (Python's per-module import locks make the two imports safe). Once per process."""
-    global _warming
-    if _warming is None:
-        _warming = threading.Thread(target=_import_ge, name="sluice-ge-import", daemon=True)
-        _warming.start()
-
-
-def _import_ge() -> None:
-    try:
-        for module in ("great_expectations", "great_expectations.data_context.types.base",
-                       "great_expectations.expectations.row_conditions"):
-            importlib.import_module(module)
-    except Exception:  # the validator's own import reports any problem, in context
-        log.debug("background import of Great Expectations failed", exc_info=True)

@@ -21,10 +21,10 @@ import pyarrow.parquet as pq
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
+from sluice.core.windows import Window
 from sluice.storage import snapshots, tables
 from sluice.storage.state import lake_state
 
-Window = tuple[datetime, datetime]
 _LOCK = threading.Lock()
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from contextlib import ExitStack
 
 from sluice.config import Settings
-from sluice.core.locks import pipeline_lock
 from sluice.storage.engine import DeltaEngine
+from sluice.storage.locks import pipeline_lock
 from sluice.storage.state import lake_state
 
 log = logging.getLogger("sluice.maintenance")
@@ -45,31 +45,21 @@ def _all_locks(settings: Settings) -> ExitStack:
     return stack
 
 
-def _engine(settings: Settings) -> DeltaEngine:
-    from sluice.core.spark import get_spark
-    from sluice.storage.engines import engine_for
-
-    spark = get_spark(settings, "sluice-maintenance")
-    return engine_for(spark, settings)
-
-
-def compact(settings: Settings) -> dict[str, int]:
+def compact(settings: Settings, engine: DeltaEngine) -> dict[str, int]:
     """Bin-pack small files; returns files removed per table."""
     out = {}
     with _all_locks(settings):
-        engine = _engine(settings)
         for name, uri in delta_tables(settings):
             out[name] = engine.compact(uri)
     log.info("compaction: %s", out)
     return out
 
 
-def vacuum(settings: Settings) -> dict[str, int]:
+def vacuum(settings: Settings, engine: DeltaEngine) -> dict[str, int]:
     """Delete unreferenced files older than the retention; returns files deleted per table."""
     hours = settings.vacuum_retention_hours
     out = {}
     with _all_locks(settings):
-        engine = _engine(settings)
         for name, uri in delta_tables(settings):
             out[name] = engine.vacuum(uri, hours)
     log.info("vacuum (retention %dh): %s", hours, out)

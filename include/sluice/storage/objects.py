@@ -215,3 +215,30 @@ def store_for(root: Root, credentials: Credentials | None = None) -> ObjectStore
     if root.is_local:
         return LocalStore(root)
     return S3Store(root, (credentials or Credentials.from_env()).boto3_client())
+
+
+# Reading files on local disk only (a landing zone): Hadoop's checksumming local file system derives a ".<name>.crc"
+# path by parsing the file name as a URI, which fails for names with ':' (events-2024-05-01T10:02:00Z.jsonl). The
+# raw local file system reads the same bytes; it is set for this source only (uncached), because the checkpoints and
+# state stores keep to the checksumming one. Never for a landing zone on object storage: the option travels with the
+# batch into its writes, where S3A's upload buffer casts the local file system it gets to the checksumming class,
+# and on an executor of a cluster that cast failed every write to an s3:// lake.
+LOCAL_READ_OPTIONS = {
+    "fs.file.impl": "org.apache.hadoop.fs.RawLocalFileSystem",
+    "fs.file.impl.disable.cache": "true",
+}
+
+
+def hadoop_read_options(root: Root) -> dict[str, str]:
+    """The options a Spark file source needs to read under ``root``: :data:`LOCAL_READ_OPTIONS` on a local root,
+    none on object storage (S3A's settings are the session's)."""
+    return dict(LOCAL_READ_OPTIONS) if root.is_local else {}
+
+
+def folder_listing(root: Root, store: ObjectStore, folder: str) -> list[ObjectInfo] | None:
+    """The objects directly in ``folder`` under ``root``, or None when the folder does not exist: a missing
+    directory on a local root; on object storage, no object with its prefix yet."""
+    listed = list(store.list(folder))
+    if root.is_local:
+        return listed if root.local(folder).is_dir() else None
+    return listed or None

@@ -43,39 +43,28 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 
 from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
 from sluice.config import ConfigError, Settings, parse_time
-from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
-from sluice.core.spark import get_spark, local_frame
+from sluice.core.spark import local_frame
+from sluice.core.windows import Window
 from sluice.quality.checker import QualityChecker, QualityReport
-from sluice.quality.validator import warm_up
+from sluice.quality.gx_context import warm_up
+from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_snapshot
-from sluice.storage.engine import DeltaEngine
-from sluice.storage.engines import engine_for
-from sluice.storage.ledger import (
-    SETTLED_STATES,
-    LedgerRow,
-    format_gold_versions,
-    join_detail,
-    next_version,
-    read_ledger,
-    split_detail,
-    write_ledger,
-)
-from sluice.storage.state import lake_state
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
+from sluice.windows.late import scan_amendments, waiting_detail
+from sluice.windows.ledger import LedgerRow, format_gold_versions, join_detail, next_version, split_detail
+from sluice.windows.plans import WINDOW_COLUMNS, Commits, PlanFile, window_key, window_of
 
 log = logging.getLogger("sluice.backfill")
 
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
-Window = tuple[datetime, datetime]
-WINDOW_COLUMNS = ["window_start", "window_end"]
 
 
 @dataclass
@@ -98,16 +87,6 @@ def windows_request(pipeline: PipelineDef, windows: Sequence[Window], include_la
 
 
 @dataclass(frozen=True)
-class Commits:
-    """The app transactions a backfill commits under: gold ``<prefix>.<output>`` at ``version`` (None: the
-    next free version of each table, so every run is a new write), the ledger under ``ledger_app``."""
-
-    prefix: str = "sluice.backfill"
-    ledger_app: str = "sluice.ledger.backfill"
-    version: int | None = None
-
-
-@dataclass(frozen=True)
 class _Scope:
     """What a request covers: the input frames to build from (one per span of bronze), the computed rows it
     rewrites, and the gold rows a replace keeps."""
@@ -121,9 +100,9 @@ class _Scope:
 @dataclass
 class BackfillResult:
     request: BackfillRequest
-    windows: list[tuple[datetime, datetime]] = field(default_factory=list)
+    windows: list[Window] = field(default_factory=list)
     rows: dict[str, int] = field(default_factory=dict)
-    skipped_open: list[tuple[datetime, datetime]] = field(default_factory=list)
+    skipped_open: list[Window] = field(default_factory=list)
     quality: QualityReport | None = None
     seconds: float = 0.0
     # gold table -> (Delta version before, after) its replace; also in the ledger's gold_versions.
@@ -183,22 +162,22 @@ def validate_request(
 class Backfill:
     def __init__(
         self,
-        spark: SparkSession,
-        settings: Settings,
-        engine: DeltaEngine,
+        ctx: RunContext,
         request: BackfillRequest,
         deliver_alerts: bool = True,
         *,
-        commits: Commits = Commits(),
+        commits: Commits | None = None,
         late_rows: Mapping[Window, int] | None = None,
         rounds: Mapping[Window, int] | None = None,
     ):
         self.deliver_alerts = deliver_alerts
-        self.spark = spark
-        self.settings = settings
-        self.engine = engine
+        self.ctx = ctx
+        self.spark = ctx.spark
+        self.settings = ctx.settings
+        self.engine = ctx.engine
+        self.ledger = ctx.ledger(request.pipeline.name)
         self.request = request
-        self.commits = commits
+        self.commits = commits or Commits()
         # The DLQ counts the ledger keeps for the rewritten windows (default: the ledger's, at the start).
         self.late_rows = late_rows
         # The validation round of each window, as planned before the first commit (a window missing from it
@@ -246,13 +225,13 @@ class Backfill:
         # The DLQ counts to keep (see the module docstring); a window awaiting its first validation
         # (``closed``) takes its count from that validation, as the amendment scan assumes.
         late_rows = dict(self.late_rows) if self.late_rows is not None else {
-            r.window: r.late_rows for r in read_ledger(self.settings, pipeline.name) if r.state in SETTLED_STATES}
+            r.window: r.late_rows for r in self.ledger.settled()}
         # The DLQ as it is before the inputs read it: how many late records each window's gold is rebuilt with.
         snapshot = dlq_snapshot(self.settings, pipeline) if req.include_late else None
         # The closing rule of every path: a window is final once W >= end + lateness_bound.
         closable_until = closing_boundary(self.settings, pipeline)
         scope = self._scope(closable_until)
-        windows: set[tuple[datetime, datetime]] = set()
+        windows: set[Window] = set()
         for output in pipeline.outputs:
             ensure_output_table(self.spark, self.settings, self.engine, pipeline, output)
             # One computation (gold-sized: windows x keys) feeds the open-window check, the counts and the commit.
@@ -296,7 +275,7 @@ class Backfill:
                        for w in result.windows}
         # Without include_late gold was rebuilt from bronze alone: it holds none of the DLQ records.
         in_gold = in_gold if in_gold is not None else {}
-        result.quality = QualityChecker(self.spark, self.settings, self.engine, pipeline).check(
+        result.quality = QualityChecker(self.ctx, pipeline).check(
             result.windows, final_state="reprocessed", include_late=req.include_late, deliver=self.deliver_alerts,
             rounds=rounds, late_in_gold=in_gold,
         )
@@ -330,7 +309,7 @@ class Backfill:
     def _mark_ledger(self, result: BackfillResult) -> None:
         now = self.settings.now()
         name = self.request.pipeline.name
-        existing = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, name)}
+        existing = self.ledger.by_window()
         rows = []
         for window in result.windows:
             row = existing.get(window) or LedgerRow(name, window[0], window[1], "reprocessed", None, 0, 0, now, now)
@@ -340,7 +319,7 @@ class Backfill:
             if self.request.include_late:
                 row.late_waiting = 0  # gold now holds every late record the DLQ had
             rows.append(row)
-        write_ledger(self.settings, self.engine, rows, app_id=self._ledger_app())
+        self.ledger.reprocess(self.engine, rows, app_id=self._ledger_app())
 
     def _ledger_app(self) -> str:
         return f"{self.commits.ledger_app}.{self.request.pipeline.name}"
@@ -350,13 +329,11 @@ class Backfill:
         """After the validation: ``late_rows`` back to the count the backfill started from, ``late_in_gold``
         what gold now holds of the DLQ, and windows whose late records are still not in gold say so. One
         commit, only when something differs."""
-        from sluice.streaming.corrections import waiting_detail  # corrections builds on this module
-
         now = self.settings.now()
         pipeline = self.request.pipeline
         chosen = set(result.windows)
         changed = []
-        for row in read_ledger(self.settings, pipeline.name):
+        for row in self.ledger.rows:
             if row.window not in chosen:
                 continue
             before = (row.late_rows, row.detail, row.late_in_gold)
@@ -370,7 +347,7 @@ class Backfill:
                 row.updated_at = now
                 changed.append(row)
         if changed:
-            write_ledger(self.settings, self.engine, changed, app_id=self._ledger_app())
+            self.ledger.reprocess(self.engine, changed, app_id=self._ledger_app())
 
 
 def input_spans(windows: Sequence[Window], margin: timedelta) -> list[tuple[datetime, datetime]]:
@@ -433,87 +410,77 @@ class BackfillPlan:
         )
 
 
-def backfill_plan_path(pipeline: PipelineDef) -> tuple[str, ...]:
-    """The backfill plan among the lake's state objects (:mod:`sluice.storage.state`)."""
-    return ("pipelines", pipeline.name, "backfill.json")
+def backfill_plan_file(ctx: RunContext, pipeline: PipelineDef) -> PlanFile:
+    """The backfill plan among the lake's state objects (:mod:`sluice.windows.plans`)."""
+    return PlanFile(ctx.state, pipeline.name, "backfill.json")
 
 
-def load_backfill_plan(settings: Settings, pipeline: PipelineDef) -> BackfillPlan | None:
-    saved = lake_state(settings).read(*backfill_plan_path(pipeline))
+def load_backfill_plan(ctx: RunContext, pipeline: PipelineDef) -> BackfillPlan | None:
+    saved = backfill_plan_file(ctx, pipeline).load()
     return BackfillPlan.from_json(saved) if saved is not None else None
 
 
-def save_backfill_plan(settings: Settings, pipeline: PipelineDef, plan: BackfillPlan) -> None:
-    lake_state(settings).write(plan.to_json(), *backfill_plan_path(pipeline))
+def save_backfill_plan(ctx: RunContext, pipeline: PipelineDef, plan: BackfillPlan) -> None:
+    backfill_plan_file(ctx, pipeline).save(plan.to_json())
 
 
-def new_backfill_plan(settings: Settings, engine: DeltaEngine, request: BackfillRequest) -> BackfillPlan:
+def new_backfill_plan(ctx: RunContext, request: BackfillRequest) -> BackfillPlan:
     """Plan ``request`` (a range): one version above every gold table's backfills so far, and the ledger's
     late counts and validation rounds of its windows as they are now, before anything is rewritten."""
     pipeline = request.pipeline
-    paths = {o.name: o.path(settings) for o in pipeline.outputs}
-    version = max(next_version(engine, path, f"{Commits().prefix}.{name}") if snapshots.exists(path)
+    paths = {o.name: o.path(ctx.settings) for o in pipeline.outputs}
+    version = max(next_version(ctx.engine, path, f"{Commits().prefix}.{name}") if snapshots.exists(path)
                   else 0 for name, path in paths.items())
-    rows = [r for r in read_ledger(settings, pipeline.name) if request.start <= r.window_start < request.end]
+    ledger = ctx.ledger(pipeline.name)
+    settled = {r.window for r in ledger.settled()}
+    rows = [r for r in ledger.rows if request.start <= r.window_start < request.end]
     plan = BackfillPlan(request.start, request.end, request.include_late, version,
-                        {r.window: r.late_rows for r in rows if r.state in SETTLED_STATES},
+                        {r.window: r.late_rows for r in rows if r.window in settled},
                         {r.window: r.attempt + 1 for r in rows})
-    save_backfill_plan(settings, pipeline, plan)
+    save_backfill_plan(ctx, pipeline, plan)
     return plan
 
 
-def run_planned(spark: SparkSession, settings: Settings, engine: DeltaEngine, request: BackfillRequest,
-                plan: BackfillPlan, deliver_alerts: bool) -> BackfillResult:
+def run_planned(ctx: RunContext, request: BackfillRequest, plan: BackfillPlan, deliver_alerts: bool
+                ) -> BackfillResult:
     """Carry out (or finish) the backfill ``plan`` describes, then mark it done."""
-    result = Backfill(spark, settings, engine, request, deliver_alerts, commits=Commits(version=plan.version),
+    result = Backfill(ctx, request, deliver_alerts, commits=Commits(version=plan.version),
                       late_rows=plan.late_rows, rounds=plan.rounds).run()
     plan.stage = "done"
-    save_backfill_plan(settings, request.pipeline, plan)
+    save_backfill_plan(ctx, request.pipeline, plan)
     return result
 
 
-def window_key(window: Window) -> str:
-    return f"{window[0].isoformat()}/{window[1].isoformat()}"
-
-
-def window_of(key: str) -> Window:
-    start, end = key.split("/")
-    return (datetime.fromisoformat(start), datetime.fromisoformat(end))
-
-
 def run_backfill(
-    settings: Settings,
+    ctx: RunContext,
     pipeline: str,
     start: str | datetime,
     end: str | datetime,
     include_late: bool = False,
-    spark: SparkSession | None = None,
     *,
     deliver_alerts: bool = True,
 ) -> BackfillResult:
-    from sluice.streaming.corrections import scan_amendments  # corrections builds on this module
-
+    settings = ctx.settings
     request = validate_request(settings, pipeline, start, end, include_late)  # before any JVM starts
-    with pipeline_lock(settings, pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
+    with ctx.pipeline_lock(pipeline, purpose=f"backfill {request.start:%Y-%m-%dT%H:%M}..{request.end:%H:%M}"):
         warm_up()  # while the JVM starts: the Python process only waits for it
-        spark = spark or get_spark(settings, f"sluice-backfill-{pipeline}")
-        engine = engine_for(spark, settings)
+        engine = ctx.engine
         outbox = outbox_snapshot(settings, pipeline)
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so
         # the backfill knows which of its windows have late records waiting and clears exactly those.
-        scan_amendments(settings, engine, request.pipeline)
-        plan = load_backfill_plan(settings, request.pipeline)
+        scan_amendments(ctx.ledger(pipeline), engine, ctx.state, request.pipeline)
+        plan = load_backfill_plan(ctx, request.pipeline)
         if plan is not None and plan.stage != "done":
             if plan.matches(request):
                 log.info("backfill %s: resuming the run a crash interrupted", pipeline)
-                result = run_planned(spark, settings, engine, request, plan, deliver_alerts)
+                result = run_planned(ctx, request, plan, deliver_alerts)
                 result.alerts = alerts_recorded_since(settings, pipeline, outbox)
                 return result
             # Its gold may be rewritten already, the ledger not: finished first, it is never left half done.
             log.warning("backfill %s: first finishing the backfill of [%s, %s) a crash interrupted", pipeline,
                         plan.start.isoformat(), plan.end.isoformat())
-            run_planned(spark, settings, engine, plan.request(request.pipeline), plan, deliver_alerts)
-        plan = new_backfill_plan(settings, engine, request)
-        result = run_planned(spark, settings, engine, request, plan, deliver_alerts)
+            run_planned(ctx, plan.request(request.pipeline), plan, deliver_alerts)
+        plan = new_backfill_plan(ctx, request)
+        result = run_planned(ctx, request, plan, deliver_alerts)
         result.alerts = alerts_recorded_since(settings, pipeline, outbox)
         return result

@@ -18,25 +18,24 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import datetime
-
-from pyspark.sql import SparkSession
 
 from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot, unreadable_files_alert
-from sluice.cli.report import accounting_table
 from sluice.config import Settings
-from sluice.core.locks import pipeline_lock
-from sluice.core.spark import get_spark
-from sluice.ingest.landing import BatchRow, all_late, all_late_message, run_ingest
+from sluice.core.windows import Window
+from sluice.ingest.accounting import accounting_table
+from sluice.ingest.landing import run_ingest
+from sluice.ingest.state import BatchRow
+from sluice.ingest.time_rules import all_late, all_late_message
 from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
-from sluice.quality.validator import warm_up
-from sluice.storage.engines import engine_for
-from sluice.streaming.corrections import CorrectionReport, run_corrections, scan_amendments
-from sluice.streaming.runner import AggregateResult, PipelineRunner, streams_without_files
+from sluice.quality.gx_context import warm_up
+from sluice.runtime.context import RunContext
+from sluice.streaming.batch import streams_without_files
+from sluice.streaming.corrections import CorrectionReport, run_corrections
+from sluice.streaming.runner import AggregateResult, PipelineRunner
+from sluice.windows.late import scan_amendments
 
 log = logging.getLogger("sluice.cycle")
 
-Window = tuple[datetime, datetime]
 
 
 @dataclass
@@ -97,41 +96,40 @@ class CycleResult:
 
 
 def run_cycle(
-    settings: Settings,
+    ctx: RunContext,
     pipeline: str,
-    spark: SparkSession | None = None,
     *,
     check_quality: bool = True,
     deliver_alerts: bool = True,
 ) -> CycleResult:
     """Ingest the pipeline's streams, aggregate closed windows, validate them. ``check_quality=False``
     leaves the validation to a separate step (the Airflow DAG runs it as its own task)."""
+    settings = ctx.settings
     definition = settings.pipeline(pipeline)  # fails fast on an unknown pipeline, before any JVM starts
     streams = definition.streams
     started = time.monotonic()
-    spark = spark or get_spark(settings, f"sluice-{pipeline}")
-    engine = engine_for(spark, settings)
+    engine = ctx.engine
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
-    with pipeline_lock(settings, pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
+    with ctx.pipeline_lock(pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         outbox = outbox_snapshot(settings, pipeline)
-        batches = run_ingest(spark, settings, engine, streams)
+        batches = run_ingest(ctx, streams)
         # From the ingest log, not from this cycle's batches: a crash between a file's quarantine and its
         # alert is caught up here, and a rerun finds the alert's key already recorded.
         unreadable = unreadable_files_alert(settings, pipeline)
         if unreadable is not None:
             raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
         # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
-        amended = scan_amendments(settings, engine, definition)
-        runner = PipelineRunner(spark, settings, engine, definition)
+        amended = scan_amendments(ctx.ledger(pipeline), engine, ctx.state, definition)
+        runner = PipelineRunner(ctx, definition)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = runner.run()
-        corrections = run_corrections(spark, settings, engine, definition, deliver_alerts=deliver_alerts)
+        corrections = run_corrections(ctx, definition, deliver_alerts=deliver_alerts)
         if check_quality:
             log.info("cycle %s: checking data quality", pipeline)
         quality = (
-            QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)
+            QualityChecker(ctx, definition).check(deliver=deliver_alerts)
             if check_quality
             else None
         )
@@ -156,12 +154,8 @@ def merged_reports(first: QualityReport | None, second: QualityReport | None) ->
                          second.docs_index or first.docs_index, [*first.alerts_sent, *second.alerts_sent])
 
 
-def run_quality(
-    settings: Settings, pipeline: str, spark: SparkSession | None = None, *, deliver_alerts: bool = True
-) -> QualityReport:
+def run_quality(ctx: RunContext, pipeline: str, *, deliver_alerts: bool = True) -> QualityReport:
     """The DQ step on its own (the DAG's check_quality task): every window closed but not yet validated."""
-    definition = settings.pipeline(pipeline)
-    spark = spark or get_spark(settings, f"sluice-dq-{pipeline}")
-    with pipeline_lock(settings, pipeline, purpose="data quality"):
-        engine = engine_for(spark, settings)
-        return QualityChecker(spark, settings, engine, definition).check(deliver=deliver_alerts)
+    definition = ctx.settings.pipeline(pipeline)
+    with ctx.pipeline_lock(pipeline, purpose="data quality"):
+        return QualityChecker(ctx, definition).check(deliver=deliver_alerts)

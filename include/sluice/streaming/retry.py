@@ -18,27 +18,21 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from pyspark.sql import SparkSession
-
 from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
-from sluice.config import Settings
-from sluice.core.locks import pipeline_lock
 from sluice.core.model import PipelineDef
-from sluice.core.spark import get_spark
+from sluice.core.windows import Window
 from sluice.quality.checker import QualityChecker, QualityReport
-from sluice.storage.engines import engine_for
-from sluice.storage.ledger import read_ledger
+from sluice.runtime.context import RunContext
 from sluice.streaming.backfill import run_backfill
 from sluice.streaming.cycle import merged_reports
 
 log = logging.getLogger("sluice.retry")
 
-Window = tuple[datetime, datetime]
 
 
-def failed_windows(settings: Settings, pipeline: str) -> list[Window]:
+def failed_windows(ctx: RunContext, pipeline: str) -> list[Window]:
     """The pipeline's windows whose last validation failed, oldest first."""
-    return sorted((r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "failed")
+    return ctx.ledger(pipeline).windows("failed")
 
 
 def backfill_ranges(pipeline: PipelineDef, windows: list[Window]) -> list[tuple[datetime, datetime]]:
@@ -92,79 +86,74 @@ class RetryResult:
 
 
 def run_retry(
-    settings: Settings,
+    ctx: RunContext,
     pipeline: str,
-    spark: SparkSession | None = None,
     *,
     check_only: bool = False,
     include_late: bool = False,
     deliver_alerts: bool = True,
 ) -> RetryResult:
+    settings = ctx.settings
     definition = settings.pipeline(pipeline)  # an unknown name fails before any JVM starts
     started = time.monotonic()
-    windows = failed_windows(settings, pipeline)
+    windows = failed_windows(ctx, pipeline)
     result = RetryResult(pipeline, check_only, include_late, windows)
     if not windows:
         log.info("retry %s: no failed windows", pipeline)
         return result
     outbox = outbox_snapshot(settings, pipeline)
-    spark = spark or get_spark(settings, f"sluice-retry-{pipeline}")
     if check_only:
         log.info("retry %s: re-validating %d failed window(s)", pipeline, len(windows))
-        result.quality = _recheck(spark, settings, definition, windows, deliver_alerts)
+        result.quality = _recheck(ctx, definition, windows, deliver_alerts)
     else:
         result.ranges = backfill_ranges(definition, windows)
         log.info("retry %s: recomputing %d failed window(s) in %d backfill(s)", pipeline, len(windows),
                  len(result.ranges))
         for start, end in result.ranges:
-            done = run_backfill(settings, pipeline, start, end, include_late, spark, deliver_alerts=deliver_alerts)
+            done = run_backfill(ctx, pipeline, start, end, include_late, deliver_alerts=deliver_alerts)
             result.quality = merged_reports(result.quality, done.quality)
     result.alerts = alerts_recorded_since(settings, pipeline, outbox)
     result.seconds = time.monotonic() - started
     return result
 
 
-def _recheck(spark: SparkSession, settings: Settings, pipeline: PipelineDef, windows: list[Window],
-             deliver_alerts: bool) -> QualityReport:
+def _recheck(ctx: RunContext, pipeline: PipelineDef, windows: list[Window], deliver_alerts: bool) -> QualityReport:
     """A new validation round of ``windows`` as gold holds them (under the pipeline lock). Windows whose gold
     a backfill or correction rebuilt with their late records (the ledger's ``late_in_gold``) are checked as
     that backfill checked them: their completeness counts the DLQ records too."""
-    with pipeline_lock(settings, pipeline.name, purpose="re-validation"):
-        engine = engine_for(spark, settings)
-        with_late = {r.window for r in read_ledger(settings, pipeline.name) if r.late_in_gold}
+    with ctx.pipeline_lock(pipeline.name, purpose="re-validation"):
+        with_late = {r.window for r in ctx.ledger(pipeline.name).rows if r.late_in_gold}
         report: QualityReport | None = None
         for include_late in (False, True):
             chosen = [w for w in windows if (w in with_late) == include_late]
             if chosen:
-                report = merged_reports(report, QualityChecker(spark, settings, engine, pipeline).check(
+                report = merged_reports(report, QualityChecker(ctx, pipeline).check(
                     chosen, deliver=deliver_alerts, include_late=include_late))
         assert report is not None
         return report
 
 
 def run_recheck(
-    settings: Settings,
+    ctx: RunContext,
     pipeline: str,
     start: datetime,
     end: datetime,
-    spark: SparkSession | None = None,
     *,
     deliver_alerts: bool = True,
 ) -> RetryResult:
     """``sluice backfill --check-only`` (the ``sluice_backfill`` DAG's ``check_only``, the ledger page's
     "re-check"): re-validate the closed windows starting in ``[start, end)`` as they stand, without
     rewriting gold. Windows the ledger does not hold (open, or never holding a row) are left alone."""
+    settings = ctx.settings
     definition = settings.pipeline(pipeline)
     started = time.monotonic()
-    windows = sorted((r.window_start, r.window_end) for r in read_ledger(settings, pipeline)
-                     if start <= r.window_start < end)
+    windows = [w for w in ctx.ledger(pipeline).windows() if start <= w[0] < end]
     result = RetryResult(pipeline, True, False, windows, chosen="closed", command="backfill --check-only")
     if windows:
         outbox = outbox_snapshot(settings, pipeline)
         log.info("re-check %s: re-validating %d closed window(s) in [%s, %s)", pipeline, len(windows),
                  start.isoformat(), end.isoformat())
-        result.quality = _recheck(spark or get_spark(settings, f"sluice-recheck-{pipeline}"), settings, definition,
-                                  windows, deliver_alerts)
+        result.quality = _recheck(ctx, definition, windows, deliver_alerts)
         result.alerts = alerts_recorded_since(settings, pipeline, outbox)
     result.seconds = time.monotonic() - started
     return result

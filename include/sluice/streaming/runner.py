@@ -1,15 +1,8 @@
 """The scheduled path: bronze -> gold, one availableNow streaming query per pipeline output, and the
 closing rule that decides when a window is written.
 
-**Inputs.** A pipeline's build function gets, per stream, the accepted records of bronze: heartbeats
-removed, the declared fields only (the event-time field under its declared name), watermarked with the
-stream's delay and deduplicated on the stream's id (a guard against a replayed bronze commit). So
-heartbeats are invisible to user code, whatever it does.
-
-**The closing rule.** A window ``[start, end)`` is final, and is written to gold once, when the pipeline
-watermark ``W`` (the minimum of the stored per-stream watermarks, heartbeats included) satisfies
-``W >= end + lateness_bound``. Every path that writes gold applies exactly this rule: the streaming
-queries, the batch catch-up, the batch close below, and backfills.
+The inputs a build function gets and the closing rule every path applies are described in
+:mod:`sluice.streaming.batch`.
 
 **Streaming and the batch close.** Each output's streaming query (Spark's stateful operators and their state
 store) writes the windows Spark closes. Spark closes on its own watermark, which only moves with rows it
@@ -39,7 +32,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -47,25 +39,32 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
-from pyspark.sql.types import StructField, StructType
 
-from sluice.config import Settings
-from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
+from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.spark import collected_utc, local_frame
-from sluice.core.windows import WindowSpec
-from sluice.ingest.landing import load_state
+from sluice.core.windows import Window
+from sluice.ingest.state import load_state
+from sluice.runtime.context import RunContext
 from sluice.storage import snapshots, tables
 from sluice.storage.dlq import dlq_counts
-from sluice.storage.engine import DeltaEngine
-from sluice.storage.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version, read_ledger, write_ledger
-from sluice.storage.state import lake_state
+from sluice.streaming.batch import (
+    CatchUp,
+    Turnstile,
+    batch_inputs,
+    closing_boundary,
+    ensure_output_table,
+    gold_rows,
+    pipeline_watermark,
+    prepare_input,
+    streams_without_files,
+)
+from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version
 
 log = logging.getLogger("sluice.aggregate")
 
-Window = tuple[datetime, datetime]
 
 
 @dataclass
@@ -78,154 +77,16 @@ class AggregateResult:
         return sorted({w for ws in self.closed.values() for w in ws})
 
 
-def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
-    """The pipeline's event-time watermark: the minimum of its streams' stored watermarks (None until
-    every stream has one)."""
-    marks = [load_state(settings, s).watermark for s in pipeline.streams]
-    if any(m is None for m in marks):
-        return None
-    return min(m for m in marks if m is not None)
-
-
-def streams_without_files(settings: Settings, pipeline: PipelineDef) -> list[str]:
-    """The pipeline's streams that have never received a file, once another of its streams has: they have
-    no watermark (SPEC 3), so they hold every window of the pipeline open until their first file arrives.
-    (A pipeline none of whose streams has data yet is simply new.)"""
-    arrived = {s: load_state(settings, s).last_arrival is not None for s in pipeline.streams}
-    missing = [s for s, yes in arrived.items() if not yes]
-    return missing if len(missing) < len(arrived) else []
-
-
-def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | None:
-    """Windows ending at or before this are final: ``W - lateness_bound`` (see the module docstring)."""
-    watermark = pipeline_watermark(settings, pipeline)
-    return None if watermark is None else watermark - pipeline.lateness_bound
-
-
-def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:
-    """Bronze rows as a build function sees them: no heartbeats, the declared fields under their declared
-    names, watermarked and deduplicated (plain dedup on batch frames, which have no watermark)."""
-    columns = [F.col(f).alias(spec.json_name(f)) if f == EVENT_TIME else F.col(f) for f in spec.fields]
-    rows = df.filter(~F.col("is_heartbeat")).select(*columns) if "is_heartbeat" in df.columns else df.select(*columns)
-    if rows.isStreaming:
-        return rows.withWatermark(spec.time_field, spark_delay(spec.watermark_delay)).dropDuplicatesWithinWatermark(
-            [spec.id_field]
-        )
-    return rows.dropDuplicates([spec.id_field])
-
-
-def spark_delay(delay: timedelta) -> str:
-    """The delay of Spark's own watermark on bronze: the stream's delay plus one millisecond.
-
-    Ingest accepts a record at exactly its watermark (late is ``event_time < watermark``), but Spark's
-    stateful operators drop ``event_time <= watermark`` as late. Spark's watermark on bronze is never ahead
-    of the ingest watermark a record was judged against (it is computed from the same or fewer earlier
-    rows, truncated to milliseconds), so one millisecond more keeps every accepted record above it."""
-    return f"{delay // timedelta(milliseconds=1) + 1} milliseconds"
-
-
-def batch_inputs(
-    settings: Settings,
-    engine: DeltaEngine,
-    pipeline: PipelineDef,
-    lo: datetime | None,
-    hi: datetime,
-    include_late: bool = False,
-) -> dict[str, DataFrame]:
-    """The pipeline's prepared inputs as batch frames: bronze rows with event_time in [lo, hi) (plus the
-    DLQ with ``include_late``), read only from the hourly partitions that overlap the range."""
-    in_range = tables.hours_overlapping(lo, hi)
-    frames = {}
-    for stream in pipeline.streams:
-        spec = settings.stream(stream)
-        bronze = engine.read(tables.bronze(spec).path(settings), files=in_range).filter(~F.col("is_heartbeat"))
-        if include_late:
-            dlq = engine.read(tables.dlq(spec).path(settings))
-            bronze = bronze.select(*spec.fields).unionByName(dlq.select(*spec.fields))
-        keep = F.col(EVENT_TIME) < F.lit(hi)
-        if lo is not None:
-            keep = keep & (F.col(EVENT_TIME) >= F.lit(lo))
-        frames[stream] = prepare_input(spec, bronze.filter(keep))
-    return frames
-
-
-def empty_inputs(spark: SparkSession, settings: Settings, pipeline: PipelineDef) -> dict[str, DataFrame]:
-    """Empty batch inputs of the right shape: enough for Spark to analyse a build function (its schema)."""
-    return {
-        s: prepare_input(settings.stream(s), local_frame(spark, [], tables.bronze(settings.stream(s)).schema))
-        for s in pipeline.streams
-    }
-
-
-def gold_columns(output: OutputDef, df: DataFrame) -> list[str]:
-    """The gold table's columns: window bounds, the key(s), then the metrics in the build's order."""
-    missing = [k for k in ("window", *output.keys) if k not in df.columns]
-    if missing:
-        raise ValueError(
-            f"output {output.name!r}: the build function must return a 'window' column (from "
-            f"window.column(<time column>)) and the key column(s) {list(output.keys)}; missing: {missing}"
-        )
-    metrics = [c for c in df.columns if c not in ("window", "window_start", "window_end", *output.keys)]
-    return ["window_start", "window_end", *output.keys, *metrics]
-
-
-def gold_schema(spark: SparkSession, settings: Settings, pipeline: PipelineDef, output: OutputDef) -> StructType:
-    """The gold table's schema, from the analysed (never executed) plan of the build function."""
-    rows = gold_rows(output, output.build(empty_inputs(spark, settings, pipeline), pipeline.window), pipeline.window)
-    return StructType([StructField(f.name, f.dataType, True) for f in rows.schema.fields])
-
-
-def ensure_output_table(
-    spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef, output: OutputDef
-) -> None:
-    path = output.path(settings)
-    if not snapshots.exists(path):
-        engine.ensure_table(path, gold_schema(spark, settings, pipeline, output))
-
-
-@dataclass(frozen=True)
-class CatchUp:
-    """A batch catch-up of a pipeline: windows ending at or before ``boundary`` are computed in batch."""
-
-    boundary: datetime
-    watermark: datetime
-    version: int  # app-transaction version of its gold and ledger commits
-    done: bool = False
-
-    def to_json(self) -> str:
-        return json.dumps({"boundary": self.boundary.isoformat(), "watermark": self.watermark.isoformat(),
-                           "version": self.version, "done": self.done}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str) -> CatchUp:
-        raw = json.loads(text)
-        return cls(datetime.fromisoformat(raw["boundary"]), datetime.fromisoformat(raw["watermark"]),
-                   int(raw["version"]), bool(raw["done"]))
-
-    def stream_from(self, pipeline: PipelineDef) -> datetime:
-        """The oldest event time that can still reach a window ending after the boundary."""
-        return self.boundary - pipeline.window.size - pipeline.lateness_bound
-
-
-def gold_rows(output: OutputDef, df: DataFrame, window: WindowSpec) -> DataFrame:
-    """Sink-side shaping shared by every path: contract columns, deterministic order."""
-    columns = gold_columns(output, df)
-    return (
-        df.transform(window.bounds)
-        .select(*columns)
-        .coalesce(1)
-        .sortWithinPartitions("window_start", "window_end", *output.keys)
-    )
-
-
 class PipelineRunner:
-    def __init__(self, spark: SparkSession, settings: Settings, engine: DeltaEngine, pipeline: PipelineDef):
-        self.spark = spark
-        self.settings = settings
-        self.engine = engine
+    def __init__(self, ctx: RunContext, pipeline: PipelineDef):
+        self.spark = ctx.spark
+        self.settings = ctx.settings
+        self.engine = ctx.engine
+        self.state = ctx.state
+        self.ledger = ctx.ledger(pipeline.name)
         self.pipeline = pipeline
         self.result = AggregateResult(pipeline.name)
-        self._turnstile = _Turnstile(len(pipeline.outputs))
+        self._turnstile = Turnstile(len(pipeline.outputs))
         # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
         self._boundary: datetime | None = None
 
@@ -239,7 +100,7 @@ class PipelineRunner:
 
     def closed_through(self) -> datetime | None:
         """The boundary up to which the batch close (or catch-up) has written every final window."""
-        marker = lake_state(self.settings).read_json(*self._state("closed_through.json"))
+        marker = self.state.read_json(*self._state("closed_through.json"))
         return None if marker is None else datetime.fromisoformat(marker["boundary"])
 
     def ensure_tables(self) -> None:
@@ -285,8 +146,8 @@ class PipelineRunner:
             return self.result
         # The outputs' queries run side by side: on small increments their time is mostly fixed latency
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
-        # Their ledger commits still happen in output order (see _Turnstile), so tables stay deterministic.
-        self._turnstile = _Turnstile(len(self.pipeline.outputs))
+        # Their ledger commits still happen in output order (see Turnstile), so tables stay deterministic.
+        self._turnstile = Turnstile(len(self.pipeline.outputs))
         self._boundary = closing_boundary(self.settings, self.pipeline)
         running: list[tuple[int, StreamingQuery, tuple[str, ...], dict[str, int]]] = []
         try:
@@ -301,7 +162,7 @@ class PipelineRunner:
                     query.awaitTermination()
                 finally:
                     self._turnstile.finish(index)
-                lake_state(self.settings).write(json.dumps(versions, sort_keys=True), *marker)
+                self.state.write(json.dumps(versions, sort_keys=True), *marker)
         finally:
             for _index, query, _marker, _versions in running:
                 if query.isActive:
@@ -325,7 +186,7 @@ class PipelineRunner:
 
     def may_close(self) -> bool:
         """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
-        marker = lake_state(self.settings).read(*self._state("catchup.json"))
+        marker = self.state.read(*self._state("catchup.json"))
         if marker is not None and not CatchUp.from_json(marker).done:
             return True
         return self.can_close(self.closed_through())
@@ -377,7 +238,7 @@ class PipelineRunner:
                        watermark: datetime | None) -> None:
         """Ledger rows for final windows that are in gold but not in the ledger: a batch close that crashed
         between its gold commit and its ledger commit (its rerun finds the windows written already)."""
-        known = {(r.window_start, r.window_end) for r in read_ledger(self.settings, self.pipeline.name)}
+        known = set(self.ledger.windows())
         for output in self.pipeline.outputs:
             missing = {w: n for w, n in written[output.name].items() if w[1] <= boundary and w not in known}
             if missing:
@@ -390,7 +251,7 @@ class PipelineRunner:
 
     def _mark_closed_through(self, boundary: datetime) -> None:
         marker = json.dumps({"boundary": boundary.isoformat()})
-        lake_state(self.settings).write(marker, *self._state("closed_through.json"))
+        self.state.write(marker, *self._state("closed_through.json"))
 
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
@@ -449,12 +310,12 @@ class PipelineRunner:
 
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def _started(self, output: OutputDef) -> bool:
-        commits = lake_state(self.settings).list(*self._state(output.name, "commits"))
+        commits = self.state.list(*self._state(output.name, "commits"))
         return any(True for _ in commits)
 
     def catch_up(self) -> CatchUp | None:
         """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
-        state, marker = lake_state(self.settings), self._state("catchup.json")
+        state, marker = self.state, self._state("catchup.json")
         saved = state.read(*marker)
         if saved is not None:
             catchup = CatchUp.from_json(saved)
@@ -546,7 +407,7 @@ class PipelineRunner:
         # window can close. Skipping saves starting a streaming query (seconds) on idle cycles.
         marker = self._state(output.name, "sluice_input_versions.json")
         versions = self.input_versions()
-        if lake_state(self.settings).read_json(*marker) == versions:
+        if self.state.read_json(*marker) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
             return None
         since = catchup.stream_from(self.pipeline) if catchup else None
@@ -631,7 +492,7 @@ class PipelineRunner:
     ) -> None:
         """Ledger rows for windows this batch closed. A pipeline with several outputs shares one ledger row
         per window; the first output to close it creates the row, later ones add their rows."""
-        existing = {(r.window_start, r.window_end): r for r in read_ledger(self.settings, self.pipeline.name)}
+        existing = self.ledger.by_window()
         late = dlq_counts(self.settings, self.pipeline, list(counts))
         now = self.settings.now()
         rows = []
@@ -657,33 +518,4 @@ class PipelineRunner:
                         closed_by=airflow_task(),
                     )
                 )
-        write_ledger(self.settings, self.engine, rows, app_id=app_id, version=version)
-
-
-class _Turnstile:
-    """Orders the ledger commits of a pipeline's concurrent queries: output k records batch b only after
-    every earlier output has passed batch b or finished. Earlier outputs never wait for later ones, so
-    this cannot deadlock; the ledger (shared by the outputs) then gets the same commits in the same order
-    as if the queries had run one after the other."""
-
-    def __init__(self, outputs: int) -> None:
-        self._cond = threading.Condition()
-        self._passed = [-1] * outputs
-        self._finished = [False] * outputs
-
-    def wait_turn(self, index: int, batch_id: int) -> None:
-        with self._cond:
-            self._cond.wait_for(
-                lambda: all(self._finished[j] or self._passed[j] >= batch_id for j in range(index))
-            )
-
-    def passed(self, index: int, batch_id: int) -> None:
-        with self._cond:
-            self._passed[index] = max(self._passed[index], batch_id)
-            self._cond.notify_all()
-
-    def finish(self, index: int) -> None:
-        with self._cond:
-            self._finished[index] = True
-            self._cond.notify_all()
-
+        self.ledger.close(self.engine, rows, app_id=app_id, version=version)

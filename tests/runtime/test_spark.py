@@ -1,4 +1,4 @@
-"""The session sluice builds (sluice.core.spark), on the suite's Spark session, which get_spark built."""
+"""The session sluice builds (sluice.runtime.spark), on the suite's Spark session, which get_spark built."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pyspark.sql import SparkSession
 
 from sluice.config import load_settings
 from sluice.core.errors import ConfigError
-from sluice.core.spark import spark_conf
+from sluice.runtime.spark import spark_conf
 
 
 @pytest.mark.spark

@@ -1,4 +1,4 @@
-"""The lock provider (sluice.core.locks), the same contract on a local lake (flock under the home) and on a lake
+"""The lock provider (sluice.storage.locks), the same contract on a local lake (flock under the home) and on a lake
 in a real S3 bucket (leases, tests/support/s3.py): one holder at a time per pipeline and per stream, a waiter
 that gives up says who to look for, and a released lock is free again. Leases across processes, a SIGKILLed
 holder and a paused one are tested in test_leases.py."""
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice.config import Settings, load_settings
-from sluice.core.locks import LockTimeout, pipeline_lock, stream_lock
+from sluice.storage.locks import LockTimeout, pipeline_lock, stream_lock
 from support.s3 import S3Server
 
 

@@ -1,5 +1,6 @@
-"""Human-readable summaries: where every record went, per stream, and table sizes. Metadata only: the
-numbers come from ops/ingest_batches and the Delta logs, never from scanning data."""
+"""The accounting of ingest, human-readable: where every record went, per stream (lines = accepted +
+quarantined + late + duplicates), and table sizes. Metadata only: the numbers come from ops/ingest_batches and
+the Delta logs, never from scanning data. Shown after a cycle (sluice.streaming.cycle) and by the CLI."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections.abc import Sequence
 from datetime import datetime
 
 from sluice.config import Settings
-from sluice.ingest.landing import load_state
+from sluice.ingest.state import load_state
 from sluice.storage import snapshots
 
 

@@ -19,6 +19,7 @@ time-travels to.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import re
@@ -32,13 +33,14 @@ import pyarrow.compute as pc
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from sluice.config import Settings
+from sluice.core.windows import Window
 from sluice.storage.engine import (
     COMMIT_ATTEMPTS,
     CommitConflictError,
     RowsEngine,
     commit_backoff,
 )
-from sluice.storage.snapshots import read_small_table
+from sluice.storage.snapshots import open_table, read_small_table
 from sluice.storage.tables import DQ_RESULTS, TableDef
 
 WINDOW_LEDGER = TableDef(
@@ -80,8 +82,6 @@ STATES = ("open", "closed", "validated", "failed", "reprocessed")
 SETTLED_STATES = ("validated", "failed", "reprocessed")
 #: The state older ledgers gave a window with late data waiting, in place of its data-quality outcome.
 LEGACY_AMENDED = "amended"
-
-Window = tuple[datetime, datetime]
 
 
 @dataclass
@@ -140,7 +140,12 @@ def parse_gold_versions(text: str | None) -> dict[str, tuple[int, int]]:
 
 
 def read_ledger(settings: Settings, pipeline: str | None = None) -> list[LedgerRow]:
-    data = read_small_table(WINDOW_LEDGER.path(settings))
+    """Every row of ``pipeline`` (of every pipeline when None), sorted by window. Product code reads the ledger
+    through a :class:`Ledger`; this is its one read of the table."""
+    return _rows_of(settings, read_small_table(WINDOW_LEDGER.path(settings)), pipeline)
+
+
+def _rows_of(settings: Settings, data: pa.Table | None, pipeline: str | None) -> list[LedgerRow]:
     if data is None:
         return []
     table = data.filter(pc.field("pipeline") == pipeline) if pipeline else data
@@ -203,11 +208,6 @@ def gold_changes(before: Sequence[LedgerRow], after: Sequence[LedgerRow]) -> lis
     earlier = {r.window: r for r in before}
     return [r for r in after if (old := earlier.get(r.window)) is None
             or (old.rows, old.gold_versions, old.closed_at) != (r.rows, r.gold_versions, r.closed_at)]
-
-
-def pending_windows(settings: Settings, pipeline: str) -> list[tuple[datetime, datetime]]:
-    """Windows of ``pipeline`` closed but not validated yet: one read of the ledger (delta-rs, no Spark)."""
-    return [(r.window_start, r.window_end) for r in read_ledger(settings, pipeline) if r.state == "closed"]
 
 
 def replace_windows(
@@ -276,3 +276,88 @@ def write_ledger(
             return True
         commit_backoff(failed)
     raise CommitConflictError(f"{path}: {app_id}: other writers took the next version {COMMIT_ATTEMPTS} times")
+
+
+class Ledger:
+    """The windows of one pipeline (of every pipeline when ``pipeline`` is None) as ``ops/window_ledger`` holds
+    them: the one reader and writer of the table.
+
+    Opened once per cycle or command (the run context holds it) and passed down. It reads the table again only
+    when the table has a new Delta version (one look at the log), so the steps of a cycle share one read, and a
+    write by anyone, this process or another, is seen by the next look. Rows are handed out as copies: a caller
+    that changes a row changes the ledger only by writing it back.
+
+    The transitions (SPEC 4: ``closed -> validated | failed -> reprocessed``; late data waiting beside the
+    state) are its writes: :meth:`close` (the closing rule), :meth:`record_validation` (data quality),
+    :meth:`reprocess` (backfills and corrections) and :meth:`note_late` (the amendment scan)."""
+
+    def __init__(self, settings: Settings, pipeline: str | None = None) -> None:
+        self.settings = settings
+        self.pipeline = pipeline
+        self.path = WINDOW_LEDGER.path(settings)
+        self._version: int | None = None
+        self._rows: list[LedgerRow] = []
+
+    # -- reading ---------------------------------------------------------------------------------------------
+    @property
+    def rows(self) -> list[LedgerRow]:
+        """The rows, sorted by (pipeline, window): fresh copies of the table as it is now."""
+        table = open_table(self.path)
+        if table is None:
+            return []
+        if table.version() != self._version:
+            self._rows = _rows_of(self.settings, read_small_table(self.path, table=table), self.pipeline)
+            self._version = table.version()
+        return [copy.copy(r) for r in self._rows]
+
+    def by_window(self) -> dict[Window, LedgerRow]:
+        return {r.window: r for r in self.rows}
+
+    def in_state(self, *states: str) -> list[LedgerRow]:
+        return [r for r in self.rows if r.state in states]
+
+    def windows(self, *states: str) -> list[Window]:
+        """The windows in ``states`` (every window when none is given), oldest first."""
+        return sorted(r.window for r in self.rows if not states or r.state in states)
+
+    def pending(self) -> list[Window]:
+        """Windows closed but not validated yet."""
+        return self.windows("closed")
+
+    def settled(self) -> list[LedgerRow]:
+        """Rows whose first validation is done: late records landing for them now are late data waiting."""
+        return self.in_state(*SETTLED_STATES)
+
+    def waiting(self) -> list[LedgerRow]:
+        """Windows with late records not in gold yet, oldest first."""
+        return sorted((r for r in self.settled() if r.late_waiting > 0), key=lambda r: r.window)
+
+    # -- the transitions -----------------------------------------------------------------------------------
+    def close(self, engine: RowsEngine, rows: Iterable[LedgerRow], *, app_id: str, version: int) -> bool:
+        """Windows the closing rule wrote to gold: new rows in state ``closed``, and rows another output of the
+        pipeline created, whatever their state, with this output's rows added (a replayed batch commits nothing)."""
+        return self._write(engine, rows, STATES, app_id=app_id, version=version)
+
+    def record_validation(self, engine: RowsEngine, rows: Iterable[LedgerRow], *, app_id: str) -> bool:
+        """A data-quality round's outcome: ``validated``, ``failed`` or ``reprocessed``."""
+        return self._write(engine, rows, SETTLED_STATES, app_id=app_id)
+
+    def reprocess(self, engine: RowsEngine, rows: Iterable[LedgerRow], *, app_id: str,
+                  version: int | None = None) -> bool:
+        """Windows a backfill or a correction rewrote (their gold versions and late counts), before and after
+        their re-validation."""
+        return self._write(engine, rows, STATES, app_id=app_id, version=version)
+
+    def note_late(self, engine: RowsEngine, rows: Iterable[LedgerRow], *, app_id: str,
+                  version: int | None = None) -> bool:
+        """Late data waiting: settled windows whose ``late_waiting`` and ``detail`` changed; the state stays."""
+        return self._write(engine, rows, SETTLED_STATES, app_id=app_id, version=version)
+
+    def _write(self, engine: RowsEngine, rows: Iterable[LedgerRow], states: Sequence[str], *, app_id: str,
+               version: int | None = None) -> bool:
+        rows = list(rows)
+        wrong = [r for r in rows if r.state not in states]
+        if wrong:
+            raise ValueError(f"{app_id}: ledger rows in state {wrong[0].state!r} for "
+                             f"{wrong[0].window_start.isoformat()}: this transition writes {', '.join(states)}")
+        return write_ledger(self.settings, engine, rows, app_id=app_id, version=version)

@@ -1,0 +1,317 @@
+"""One Spark micro-batch of a stream's ingest query: parse, classify, dedup, judge lateness per file, then
+commit bronze, quarantine, dlq and ops/ingest_batches exactly once (SPEC 2-3).
+
+Every landing file of a batch gets its own row in ``ops/ingest_batches`` with its own ``batch_id`` (a
+per-stream sequence shared with heartbeats), in arrival order, as one file per trigger would give them.
+
+Exactly once: for each Spark batch the ops rows are committed first (they are the intent log that pins
+the batch ids), then bronze, quarantine and dlq, each with the Delta app transaction
+``(sluice.ingest.<stream>, last batch id)``. A batch re-run after a crash reuses its batch ids and every
+table that already has the commit skips it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.types import TimestampType
+
+from sluice.config import Settings
+from sluice.core.model import EVENT_TIME, StreamSpec
+from sluice.core.spark import collected_utc, local_frame
+from sluice.ingest.dedup import mark_duplicates, seen_ids, seen_in_batch
+from sluice.ingest.files import source_key
+from sluice.ingest.parsing import classify_invalid, parse_lines
+from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
+from sluice.ingest.time_rules import file_watermarks
+from sluice.storage import tables
+from sluice.storage.engine import DeltaEngine
+from sluice.storage.objects import ObjectInfo
+
+log = logging.getLogger("sluice.ingest")
+
+# A batch of landing files up to this size (gzip files counted at GZIP_RATIO times their size) has its ids
+# broadcast for the dedup look-up (a few tens of MB of ids at most); larger ones are shuffled instead.
+BROADCAST_BATCH_BYTES = 128 << 20
+GZIP_RATIO = 8
+# Up to this many quarantined and late lines in a batch are collected and written by the driver: a Parquet
+# write job per table costs more than the rows. More (a whole file of bad lines) are written by Spark.
+DRIVER_WRITE_ROWS = 10_000
+
+
+class MicroBatchIngest:
+    """Ingests each Spark micro-batch of one run of a stream's ingest query (``foreachBatch``)."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        settings: Settings,
+        engine: DeltaEngine,
+        spec: StreamSpec,
+        query_id: str,
+        pending: list[ObjectInfo],
+        report: Callable[[BatchRow], None],
+    ):
+        self.spark = spark
+        self.settings = settings
+        self.engine = engine
+        self.spec = spec
+        self.bronze = tables.bronze(spec)
+        self.quarantine = tables.quarantine(spec)
+        self.dlq = tables.dlq(spec)
+        # Identifies the checkpoint lineage (see StreamIngest.query_id).
+        self._query_id = query_id
+        # The readable landing files this cycle found new: what the ingest query's batches are made of.
+        self._pending = pending
+        # Records a committed row (StreamIngest's reports and progress).
+        self._report = report
+
+    def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
+        state = load_state(self.settings, self.spec.name)
+        # Lines Spark read from a file quarantined whole (the start of a truncated .gz) are not records.
+        unreadable = {r.source_file for r in state.rows if r.unreadable and r.source_file}
+        self._process(df, spark_batch_id, state, unreadable)
+
+    def _process(self, df: DataFrame, spark_batch_id: int, state: StreamState, unreadable: set[str]) -> None:
+        spec = self.spec
+        if unreadable:
+            df = df.filter(~F.col("source_file").isin(sorted(unreadable)))
+        existing = sorted(
+            (r for r in state.rows if r.spark_batch_id == spark_batch_id and r.query_id == self._query_id),
+            key=lambda r: r.batch_id,
+        )
+        # A retry of a batch whose ops rows were committed reuses exactly the same batch ids.
+        first_id = existing[0].batch_id if existing else state.last_batch_id + 1
+        prior = state.before(first_id)
+        # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
+        # Parse and classify columns that nothing after them reads: not cached, and not shuffled by dedup.
+        spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
+                 "_bad_encoding", "_malformed"]
+        classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent).persist(
+            StorageLevel.MEMORY_AND_DISK)
+        try:
+            seen = seen_ids(self.engine, self.settings, spec, prior, first_id)
+            flag_seen = seen_in_batch(seen, spec, small=self._small_batch())
+            parsed = classified.transform(flag_seen).transform(mark_duplicates(spec)).persist(
+                StorageLevel.MEMORY_AND_DISK)
+            try:
+                # One Spark job lists the batch's files and counts what happened to their lines.
+                per_file = self._per_file(parsed, prior.watermark)
+                # The file path as Spark spelled it may differ from ours (spark_path): judge by identity.
+                unread = {source_key(u) for u in unreadable}
+                skipped = {path for path in per_file if source_key(path) in unread or self._nested(path)}
+                if skipped:
+                    self._process(df, spark_batch_id, state, unreadable | skipped)
+                elif per_file:
+                    self._finish_batch(parsed, per_file, existing, prior, spark_batch_id, first_id)
+            finally:
+                parsed.unpersist()
+        finally:
+            classified.unpersist()
+
+    def _nested(self, path: str) -> bool:
+        """Whether a file Spark read lies in a subfolder of the landing folder (the recursive lookup lists
+        those too): landing files are the folder's own files, as the listing of new files has them."""
+        folder = source_key(self.settings.landing.join(self.spec.name))
+        nested = source_key(path).rsplit("/", 1)[0] != folder.rstrip("/")
+        if nested:
+            log.warning("%s: ignoring %s: landing files must sit directly in %s", self.spec.name,
+                        source_key(path), folder)
+        return nested
+
+    @staticmethod
+    def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, Row]:
+        """Per landing file of the batch: its arrival time, lines, the max event time of its candidate
+        records (valid, not duplicates), and how many lines were quarantined, duplicates, or below
+        ``watermark`` (the stream's watermark before the batch: late, for every file that the batch's own
+        earlier files do not move it past)."""
+        candidate = F.col("reason").isNull() & ~F.col("_duplicate")
+        below = candidate & (F.col("event_time") < F.lit(watermark)) if watermark else F.lit(False)
+        rows = (
+            parsed.groupBy("source_file", "arrival_time")
+            .agg(
+                F.count(F.lit(1)).alias("lines"),
+                F.max(F.when(candidate, F.col("event_time"))).alias("max_event"),
+                F.count(F.when(F.col("reason").isNotNull(), 1)).alias("quarantined"),
+                F.count(F.when(F.col("reason").isNull() & F.col("_duplicate"), 1)).alias("duplicates"),
+                F.count(F.when(below, 1)).alias("below_watermark"),
+            )
+            .collect()
+        )
+        return {r["source_file"]: r for r in rows}
+
+    def _small_batch(self) -> bool:
+        """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
+        of the landing files this cycle listed (metadata, no Spark job): a batch holds at most
+        ``max_files_per_trigger`` of them. Either way the result is the same."""
+        if not self._pending:
+            # Only a batch planned before a crash is left, of files this cycle no longer lists: size unknown.
+            return False
+        sizes = [f.size * GZIP_RATIO if f.name.endswith(".gz") else f.size for f in self._pending]
+        largest = sorted(sizes, reverse=True)[: self.settings.max_files_per_trigger]
+        return sum(largest) <= BROADCAST_BATCH_BYTES
+
+    def _finish_batch(
+        self,
+        parsed: DataFrame,
+        per_file: dict[str, Row],
+        existing: list[BatchRow],
+        prior: StreamState,
+        spark_batch_id: int,
+        first_id: int,
+    ) -> None:
+        spec = self.spec
+        # Batch ids follow arrival order (mtime, then path), as one file per trigger would give them.
+        files = sorted((collected_utc(r["arrival_time"]), path) for path, r in per_file.items())
+        if existing:
+            by_file = {r.source_file: r.batch_id for r in existing}
+            seq = {path: by_file[path] for _arrival, path in files}
+        else:
+            seq = {path: first_id + i for i, (_arrival, path) in enumerate(files)}
+        last_id = max(seq.values())
+        max_event = {seq[p]: collected_utc(r["max_event"]) for p, r in per_file.items() if r["max_event"] is not None}
+        marks = file_watermarks([(s, max_event.get(s)) for s in seq.values()], prior.watermark, spec.watermark_delay)
+        files_df = local_frame(
+            self.spark,
+            [(path, s, marks[s][0]) for path, s in seq.items()],
+            "source_file string, _file_seq long, _wm_before timestamp",
+        )
+        status = (
+            F.when(F.col("reason").isNotNull(), "quarantined")
+            .when(F.col("_duplicate"), "duplicate")
+            .when(F.col("_wm_before").isNotNull() & (F.col("event_time") < F.col("_wm_before")), "late")
+            .otherwise("accepted")
+        )
+        # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
+        final = parsed.join(F.broadcast(files_df), "source_file").withColumn("_status", status)
+        late = {seq[p]: r["below_watermark"] for p, r in per_file.items()}
+        if any(before != prior.watermark for before, _after in marks.values()):
+            # An earlier file of the batch moved the watermark for a later one (a catch-up of several files):
+            # count those files' late records against their own watermark.
+            late = {s: 0 for s in seq.values()}
+            late.update({
+                r["_file_seq"]: r["n"]
+                for r in final.filter(F.col("_status") == "late").groupBy("_file_seq")
+                .agg(F.count(F.lit(1)).alias("n")).collect()
+            })
+        rows = []
+        for arrival, path in files:
+            s, counts = seq[path], per_file[path]
+            before, after = marks[s]
+            rows.append(BatchRow(
+                stream=spec.name,
+                batch_id=s,
+                lines=counts["lines"],
+                accepted=counts["lines"] - counts["quarantined"] - counts["duplicates"] - late[s],
+                quarantined=counts["quarantined"],
+                late=late[s],
+                duplicates=counts["duplicates"],
+                watermark_before=before,
+                watermark_after=after,
+                max_event_time=max_event.get(s),
+                max_arrival_time=arrival,
+                source_file=path,
+                spark_batch_id=spark_batch_id,
+                query_id=self._query_id,
+            ))
+        self._commit(final, rows, first_id, last_id)
+
+    def _commit(self, final: DataFrame, rows: list[BatchRow], first_id: int, last_id: int) -> None:
+        spec = self.spec
+        meta = {
+            "stream": spec.name,
+            "batch_ids": [first_id, last_id],
+            "watermark_before": rows[0].watermark_before,
+            "watermark_after": rows[-1].watermark_after,
+            "spark_batch_id": rows[0].spark_batch_id,
+            "query_id": rows[0].query_id,
+        }
+        appid = app_id(spec.name)
+        # The ops rows go first: they pin the batch ids if the rest has to be retried.
+        self.engine.append_rows(
+            ops_rows(rows), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
+            app_id=appid, version=last_id, metadata=meta,
+        )
+        payload = [F.col(f"_v_{f}").alias(f) if f != EVENT_TIME else F.col(EVENT_TIME) for f in spec.fields]
+        lineage = [F.col("arrival_time"), F.col("source_file"), F.col("_file_seq").alias("ingest_batch_id")]
+        accepted = final.filter(F.col("_status") == "accepted").select(
+            *payload, *lineage, F.lit(False).alias("is_heartbeat"),
+            F.to_date("event_time").alias("event_date"), F.hour("event_time").alias("event_hour"),
+        )
+        # One file per event hour, rows in id order: fewer files, and deterministic file content.
+        accepted = accepted.repartition("event_date", "event_hour").sortWithinPartitions(
+            spec.id_field, "ingest_batch_id"
+        )
+        # A line that is not UTF-8 cannot be stored as text (readers of the table would fail on it), so
+        # its bytes are kept losslessly as base64, as its detail says.
+        # (Spark's base64 may wrap lines MIME-style; the stored text has no line breaks.)
+        b64 = F.regexp_replace(F.base64(F.col("raw").cast("binary")), r"\s", "")
+        raw = F.when(F.col("reason") == "bad_encoding", b64).otherwise(F.col("raw"))
+        totals = {k: sum(getattr(r, k) for r in rows) for k in ("accepted", "quarantined", "late")}
+        # A few rejected lines (the usual share is about 1%): one Spark job collects both kinds and the driver
+        # writes them, instead of a Parquet write job per table. Not when a late record may hold a timestamp
+        # that Python cannot (before year 1): only its event time is bounded, by EARLIEST_EVENT_TIME.
+        other_times = any(spec.type_of(f) == "timestamp" for f in spec.fields if f != EVENT_TIME)
+        on_driver = 0 < totals["quarantined"] + totals["late"] <= DRIVER_WRITE_ROWS and not other_times
+        writes = [(self.bronze, accepted, totals["accepted"])]
+        if not on_driver:
+            quarantined = final.filter(F.col("_status") == "quarantined").select(
+                raw.alias("raw"), "source_file", "reason", "detail", "arrival_time",
+                F.col("_file_seq").alias("ingest_batch_id"),
+            ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
+            late = final.filter(F.col("_status") == "late").select(
+                *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
+            ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
+            writes += [(self.quarantine, quarantined, totals["quarantined"]), (self.dlq, late, totals["late"])]
+        for table, frame, n in writes:
+            if n:
+                self.engine.append(
+                    frame, table.path(self.settings), app_id=appid, version=last_id, metadata=meta
+                )
+        if on_driver:
+            # A quarantined line's parsed values are not stored (and may be out of Python's range): nulls.
+            is_late = F.col("_status") == "late"
+            late_payload = [F.when(is_late, F.col(f"_v_{f}" if f != EVENT_TIME else f)).alias(f) for f in spec.fields]
+            side = final.filter(F.col("_status").isin("quarantined", "late")).select(
+                *late_payload, F.when(is_late, F.col("_wm_before")).alias("watermark"), *lineage, raw.alias("raw"),
+                # Prefixed: a stream may have fields of these names.
+                F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"), "_status",
+            )
+            self._write_rows_on_driver(side.collect(), appid, last_id, meta)
+        for row in rows:
+            self._report(row)
+
+    def _write_rows_on_driver(self, collected: list[Row], appid: str, version: int, meta: dict[str, Any]) -> None:
+        """Quarantine and DLQ rows of a batch, collected, written as the Spark writes would lay them out:
+        one file per table, rows in (batch, raw line) and (batch, id) order."""
+        by_status: dict[str, list[dict[str, Any]]] = {"quarantined": [], "late": []}
+        for row in collected:
+            record = row.asDict()
+            if record["_status"] == "quarantined":
+                record = {**{k: record[k] for k in ("raw", "source_file", "arrival_time", "ingest_batch_id")},
+                          "reason": record["_q_reason"], "detail": record["_q_detail"]}
+            by_status[row["_status"]].append(record)
+        id_field = self.spec.id_field
+        for table, records, key in (
+            (self.quarantine, by_status["quarantined"], lambda r: (r["ingest_batch_id"], r["raw"])),
+            (self.dlq, by_status["late"], lambda r: (r["ingest_batch_id"], r[id_field])),
+        ):
+            if not records:
+                continue
+            schema = table.schema
+            stamps = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
+            for record in records:
+                for name in stamps:
+                    if record[name] is not None:
+                        record[name] = collected_utc(record[name])
+            self.engine.append_rows(
+                [tuple(r[n] for n in schema.names) for r in sorted(records, key=key)], schema,
+                table.path(self.settings), app_id=appid, version=version, metadata=meta,
+            )
+

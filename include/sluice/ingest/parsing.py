@@ -1,0 +1,206 @@
+"""Parsing and typing landing lines, and why a line is quarantined (SPEC 2).
+
+Each step is a small DataFrame -> DataFrame transform, shared by tests and the job. Every line is parsed once
+as a VARIANT; per declared field its JSON type, its text and its value in the declared type decide the
+quarantine reason: ``bad_encoding``, ``malformed_json``, ``missing_field``, ``bad_timestamp``, ``bad_type`` or
+``early`` (see :mod:`sluice.ingest.time_rules`), in that order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+
+from sluice.core.model import EVENT_TIME, StreamSpec
+from sluice.core.timeutil import EARLIEST_EVENT_TIME
+from sluice.ingest.time_rules import early_bound
+
+# RFC 3339 date-time: a 'T' (or space) separator, optional fraction, and a mandatory zone (Z or +hh:mm).
+# Spark's cast alone would also accept zoneless strings and read them in the session zone.
+RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
+NUMBER_TYPES = ("BIGINT", "DECIMAL", "DOUBLE")
+BAD_ENCODING_DETAIL = "line is not valid UTF-8; raw holds its bytes base64-encoded"
+
+
+def _json_path(name: str) -> str:
+    """A variant path to a top-level key; the quote that the name does not contain delimits it."""
+    return f"$['{name}']" if "'" not in name else f'$["{name}"]'
+
+
+def _canonical_double(value: Column) -> Column:
+    """The canonical JSON text of a number that only fits a double (exponent notation, huge values):
+    integral values as plain digits (``1.5e3`` -> ``1500``, not Spark's ``1500.0``), others in
+    exponent form (``1e-7``); infinities have no JSON text (null, so they are a ``bad_type``)."""
+    finite = ~F.isnan(value) & (F.abs(value) < F.lit(float("inf")))
+    integral = (value == F.floor(value)) & (F.abs(value) < F.lit(1e21))
+    java = value.cast("string")  # Java's shortest form: 1.0E-7, 1.2345678901234568E41, 0.001
+    exponent = F.regexp_replace(F.regexp_replace(java, r"\.0E", "E"), r"E(\d)", "e+$1")
+    return F.when(finite & integral, value.cast("decimal(38,0)").cast("string")).when(
+        finite, F.regexp_replace(exponent, "E-", "e-"))
+
+
+def parse_lines(spec: StreamSpec) -> Any:
+    """Parse ``raw`` JSON and give, per declared field, its JSON type (``_t_<field>``: STRING, BIGINT,
+    DECIMAL(p,s), DOUBLE, BOOLEAN, OBJECT<..>, ARRAY<..>, VOID for null; null when absent), its text
+    (``_s_<field>``: the string itself, or the canonical JSON text of any other value) and its value in
+    the declared type (``_v_<field>``, null when the JSON type cannot hold it). Flags lines that are not
+    valid UTF-8 (``_bad_encoding``) and lines that are not a JSON object (``_malformed``).
+
+    The line is parsed once, as a VARIANT, because the JSON type decides what is valid: a struct schema
+    would turn ``1.5e3`` into "1500.0", an object into its text and bad bytes into U+FFFD, silently."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        utf8 = F.is_valid_utf8("raw")
+        doc = F.when(utf8, F.try_parse_json("raw"))
+        not_one_object = doc.isNull() | ~F.col("raw").rlike(r"^\s*\{") | _trailing_content(F.col("raw"))
+        df = df.select("*", doc.alias("_doc"), (~utf8).alias("_bad_encoding"),
+                       (utf8 & not_one_object).alias("_malformed"))
+        df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
+                              for f in spec.fields])
+        df = df.select("*", *[F.schema_of_variant(f"_j_{f}").alias(f"_t_{f}") for f in spec.fields])
+        df = df.select("*", *[_text(f).alias(f"_s_{f}") for f in spec.fields])
+        values = [typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME]
+        return df.select("*", *values).drop("_doc", *[f"_j_{f}" for f in spec.fields])
+
+    return transform
+
+
+# JSON text with its strings blanked (``"a}b"`` -> ``""``), so that only structure is left. The unrolled,
+# possessive form never backtracks, so a long line costs one pass.
+JSON_STRING = r'"[^"\\]*+(?:\\.[^"\\]*+)*+"'
+JSON_SPACE = "[ \t\r\n]*"
+
+
+def _count(text: Column, char: str) -> Column:
+    return F.length(text) - F.length(F.replace(text, F.lit(char), F.lit("")))
+
+
+def _trailing_content(raw: Column) -> Column:
+    """Whether a line that starts with a JSON object holds anything but whitespace after it
+    (``{...}{...}``, ``{...} xyz``, ``{...}\\0``). Spark's ``try_parse_json`` returns the first value and
+    ignores the rest, so without this the second record of ``{...}{...}`` would vanish without a trace.
+
+    A flat object (one ``{`` and one ``}``, the last character) is settled by counting. Otherwise the
+    strings are blanked and the brackets walked: the first object must close exactly at the end."""
+    ends_with_brace = r"\}" + JSON_SPACE + "$"
+    flat = (_count(raw, "{") == 1) & (_count(raw, "}") == 1) & raw.rlike(ends_with_brace)
+    structure = F.regexp_replace(raw, JSON_STRING, '""')
+    brackets = F.split(F.regexp_replace(structure, r"[^\[\]{}]", ""), "")
+    # (depth, how often the depth fell to 0 or below): a single object reaches 0 once, at its last bracket.
+    walk = F.aggregate(
+        brackets, F.struct(F.lit(0).alias("depth"), F.lit(0).alias("closed")),
+        lambda acc, c: F.struct(
+            (acc["depth"] + F.when(c.isin("{", "["), 1).otherwise(-1)).alias("depth"),
+            (acc["closed"] + F.when(acc["depth"] + F.when(c.isin("{", "["), 1).otherwise(-1) <= 0, 1)
+             .otherwise(0)).alias("closed"),
+        ),
+    )
+    one_object = structure.rlike(ends_with_brace) & (walk["depth"] == 0) & (walk["closed"] == 1)
+    return F.when(flat, F.lit(False)).otherwise(~one_object)
+
+
+def _is_number(field_name: str) -> Column:
+    jtype = F.col(f"_t_{field_name}")
+    return F.greatest(*[jtype.startswith(t) for t in NUMBER_TYPES])
+
+
+def _text(field_name: str) -> Column:
+    value, jtype = F.col(f"_j_{field_name}"), F.col(f"_t_{field_name}")
+    return (
+        F.when(jtype == "STRING", F.variant_get(value, "$", "string"))
+        .when(jtype == "DOUBLE", _canonical_double(F.variant_get(value, "$", "double")))
+        .when(jtype != "VOID", F.to_json(value))
+    )
+
+
+def _rfc3339(text: Column) -> Column:
+    """An RFC 3339 timestamp, or null. Spark's cast alone would accept zoneless strings (session zone)."""
+    # RFC 3339 allows a lower-case "t" and "z"; Spark's parser does not.
+    return F.when(text.rlike(RFC3339), F.try_to_timestamp(F.upper(text)))
+
+
+def typed_value(spec: StreamSpec, field_name: str) -> Column:
+    """The declared type's value of a field, or null when its JSON type cannot hold it (SPEC 2: a number
+    is a string's canonical text; text is never a number; only true and false are booleans)."""
+    text, jtype = F.col(f"_s_{field_name}"), F.col(f"_t_{field_name}")
+    kind = spec.type_of(field_name)
+    if kind == "string":
+        return F.when((jtype == "STRING") | _is_number(field_name), text)
+    if kind == "timestamp":
+        return F.when(jtype == "STRING", _rfc3339(F.trim(text)))
+    if kind == "boolean":
+        return F.when(jtype == "BOOLEAN", text == "true")
+    # long and double: a JSON number whose exact value the type holds ("1.5" is not a long).
+    return F.when(_is_number(field_name), text.try_cast(kind))
+
+
+def classify_invalid(spec: StreamSpec) -> Any:
+    """Assign quarantine reasons (bad_encoding, malformed_json, missing_field, bad_timestamp, bad_type,
+    early), in that order, with a ``detail`` that names the field."""
+
+    def transform(df: DataFrame) -> DataFrame:
+        def null(f: str) -> Column:
+            jtype = F.col(f"_t_{f}")
+            return jtype.isNull() | (jtype == "VOID")
+
+        def absent(f: str) -> Column:
+            # Blank text counts as missing only where a value is required; in an optional number or
+            # boolean it is text where a number is declared (bad_type), never a silent null.
+            jtype = F.col(f"_t_{f}")
+            return null(f) | ((jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == ""))
+
+        missing = [absent(f) for f in spec.required]
+        missing_names = F.concat_ws(
+            ",", *[F.when(m, F.lit(spec.json_name(f))) for m, f in zip(missing, spec.required, strict=True)]
+        )
+        raw_ts = F.trim(F.col(f"_s_{EVENT_TIME}"))
+        event_time = F.when(F.col(f"_t_{EVENT_TIME}") == "STRING", _rfc3339(raw_ts))
+        too_old = event_time < F.lit(EARLIEST_EVENT_TIME)
+        any_missing = F.lit(False)
+        for m in missing:
+            any_missing = any_missing | m
+        # Fields other than event_time whose JSON value the declared type cannot hold.
+        wrong = [(f, ~null(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
+        bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
+        bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
+
+        def first(problems: list[tuple[str, Column]], label: str) -> Column:
+            out = F.lit(None).cast("string")
+            for f, w in reversed(problems):
+                text = F.concat(F.lit(f"{spec.json_name(f)}: "), F.coalesce(F.col(f"_s_{f}"), F.lit("<null>")),
+                                F.lit(f" is not a {label or spec.type_of(f)}"))
+                out = F.when(w, text).otherwise(out)
+            return out
+
+        any_of = lambda problems: F.lit(False) if not problems else F.greatest(  # noqa: E731
+            *[w for _f, w in problems], F.lit(False))
+        early = early_bound(spec)
+        reason = (
+            F.when(F.col("_bad_encoding"), "bad_encoding")
+            .when(F.col("_malformed"), "malformed_json")
+            .when(any_missing, "missing_field")
+            .when(event_time.isNull() | too_old, "bad_timestamp")
+            .when(any_of(bad_ts), "bad_timestamp")
+            .when(any_of(bad_type), "bad_type")
+            .when(event_time > early, "early")
+        )
+        detail = (
+            F.when(F.col("_bad_encoding"), BAD_ENCODING_DETAIL)
+            .when(F.col("_malformed"), None)
+            .when(any_missing, F.concat(F.lit("missing: "), missing_names))
+            .when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
+                                                F.coalesce(raw_ts, F.lit("<null>"))))
+            .when(too_old, F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts,
+                                    F.lit(f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest "
+                                          "event time sluice accepts")))
+            .when(any_of(bad_ts), first(bad_ts, "RFC 3339 timestamp"))
+            .when(any_of(bad_type), first(bad_type, ""))
+            .when(event_time > early, F.concat(F.lit("arrival_time + "),
+                                               F.lit(str(spec.early_tolerance)), F.lit(" exceeded")))
+        )
+        return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
+
+    return transform
+

@@ -1,0 +1,96 @@
+"""The Great Expectations of a window's two suites: the built-in SPEC 5 checks (completeness, lateness, no
+null keys, window length) and each output's declared checks, as GE expectations, each tagged with its
+outcome's name and paired with the formatter of its observed value."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluice.quality.frames import (
+    _BRONZE_SUFFIX,
+    _DLQ_SHARE_COLUMN,
+    _GOLD_SUFFIX,
+    _WINDOW_SECONDS_COLUMN,
+    OutputFrame,
+    _labels,
+)
+from sluice.quality.outcomes import _OUTCOME_META, LATENESS, NO_NULL_KEYS, window_length_outcome
+from sluice.quality.results import (
+    _format_between,
+    _format_completeness,
+    _format_nulls,
+    _format_share,
+    _format_window_length,
+    _Formatter,
+)
+
+if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
+    from great_expectations.expectations import Expectation
+
+# A suite's content: its expectations, the formatter of each outcome (in declared order) and its notes.
+SuiteContent = tuple[list["Expectation"], dict[str, _Formatter], list[str]]
+
+
+def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteContent:
+    """The window-level suite: the completeness checks ``names`` and lateness within ``lateness_threshold``."""
+    import great_expectations as gx
+
+    expectations: list[Expectation] = []
+    formatters: dict[str, _Formatter] = {}
+    for outcome, label in _labels(names).items():
+        # The gold total must equal the window's bronze count, passed per window as a suite parameter:
+        # Data Docs then shows the gold total as the unexpected value and the bronze count as the
+        # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
+        bronze = {"$PARAMETER": f"{label}{_BRONZE_SUFFIX}"}
+        expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
+            column=f"{label}{_GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={_OUTCOME_META: outcome},
+        ))
+        formatters[outcome] = _format_completeness
+    expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
+        column=_DLQ_SHARE_COLUMN, min_value=0, max_value=lateness_threshold, meta={_OUTCOME_META: LATENESS},
+    ))
+    formatters[LATENESS] = _format_share
+    notes = [
+        "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
+        f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {lateness_threshold:g}.",
+    ]
+    return expectations, formatters, notes
+
+
+def gold_expectations(out: OutputFrame, window_seconds: int) -> SuiteContent:
+    """An output's suite over its gold rows: no null keys, its declared checks, windows ``window_seconds`` long."""
+    import great_expectations as gx
+
+    from sluice.checks import Between, NotNull
+
+    ex = gx.expectations
+    no_nulls = out.prefix + NO_NULL_KEYS
+    expectations: list[Expectation] = [
+        ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: no_nulls})
+        for column in (*out.keys, "window_start", "window_end")
+    ]
+    formatters: dict[str, _Formatter] = {no_nulls: _format_nulls}
+    for check in out.checks:
+        outcome = out.prefix + check.name
+        if isinstance(check, Between):
+            expectations.append(ex.ExpectColumnValuesToBeBetween(
+                column=check.column, min_value=check.low, max_value=check.high, meta={_OUTCOME_META: outcome},
+            ))
+            formatters[outcome] = _format_between
+        elif isinstance(check, NotNull):
+            expectations.append(
+                ex.ExpectColumnValuesToNotBeNull(column=check.column, meta={_OUTCOME_META: outcome})
+            )
+            formatters[outcome] = _format_nulls
+    length = out.prefix + window_length_outcome(window_seconds)
+    expectations.append(ex.ExpectColumnValuesToBeBetween(
+        column=_WINDOW_SECONDS_COLUMN, min_value=window_seconds, max_value=window_seconds,
+        meta={_OUTCOME_META: length},
+    ))
+    formatters[length] = _format_window_length(window_seconds)
+    notes = [
+        f"Validity of the window's rows of gold/{out.name}: no null keys, the declared checks, and "
+        "window_end - window_start equal to one window.",
+        f"`{_WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
+    ]
+    return expectations, formatters, notes

@@ -1,0 +1,223 @@
+"""Building the SparkSession: one place for the settings every sluice Spark application shares.
+
+Called at the edge of a run (the CLI command, the Airflow task, a test fixture) through the run context
+(:mod:`sluice.runtime.context`); nothing below the edge starts a session of its own."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from pyspark import SparkContext
+from pyspark.sql import SparkSession
+
+from sluice.config import Settings
+from sluice.core.class_data import java_options
+from sluice.core.lake import on_object_storage as _any_on_object_storage
+
+
+def require_java() -> None:
+    """Fail fast, with the fix, when no Java runtime is available (Spark needs Java 17)."""
+    if os.environ.get("JAVA_HOME") or shutil.which("java"):
+        return
+    raise RuntimeError(
+        "Spark needs a Java 17 runtime and none was found: install OpenJDK 17 "
+        "(e.g. `apt-get install openjdk-17-jre-headless`) or set JAVA_HOME."
+    )
+
+
+def get_spark(settings: Settings, app_name: str = "sluice", master: str | None = None) -> SparkSession:
+    """Get or create the SparkSession for this process.
+
+    Python workers must run the interpreter that has ``deltalake`` installed (the Delta stream source
+    imports it on executors), hence PYSPARK_PYTHON is pinned to this interpreter unless already set.
+    """
+    require_java()
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    builder = SparkSession.builder.appName(app_name)
+    # spark-submit already decided the master; only set it when we start the JVM ourselves.
+    if master or (not os.environ.get("SPARK_ENV_LOADED") and "spark.master" not in _submit_conf()):
+        builder = builder.master(master or settings.spark_master)
+    # The JVM's logging is decided when it starts: only when this process starts it (not under spark-submit,
+    # whose JVM already runs and got its Java options from spark-submit's own --conf).
+    starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
+    options = {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}
+    for key, value in options.items():
+        builder = builder.config(key, value)
+    if starts_jvm:
+        _launch_gateway(builder)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    return spark
+
+
+# What the driver JVM prints on stderr that no logging setting reaches: Spark's launcher always adds
+# --add-modules=jdk.incubator.vector, and the JVM announces it before log4j starts.
+JVM_NOISE = ("WARNING: Using incubator modules",)
+
+
+def _launch_gateway(builder: SparkSession.Builder) -> None:
+    """Start the driver JVM as pyspark would (spark-submit with the builder's options), with its stderr
+    passed through line by line minus :data:`JVM_NOISE`, and make it the gateway the session uses."""
+    from pyspark import SparkConf
+    from pyspark.java_gateway import launch_gateway
+
+    conf = SparkConf()
+    for key, value in builder._options.items():  # what getOrCreate would hand spark-submit
+        conf.set(key, value)
+    gateway = launch_gateway(conf, popen_kwargs={"stderr": subprocess.PIPE})
+    threading.Thread(target=_pass_stderr, args=(gateway.proc.stderr,), name="sluice-jvm-stderr",
+                     daemon=True).start()
+    SparkContext._ensure_initialized(gateway=gateway)
+
+
+def _pass_stderr(stream: Any) -> None:
+    """Copy the JVM's stderr to this process's (file descriptor 2, where the JVM would have written)."""
+    for line in iter(stream.readline, b""):
+        if not line.startswith(tuple(n.encode() for n in JVM_NOISE)):
+            os.write(2, line)
+
+
+LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+
+
+def log_conf() -> dict[str, str]:
+    """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
+    without start-up chatter and known-harmless noise), and the machine's class-data archive
+    (:mod:`sluice.core.class_data`) when it has one. Takes effect only when this process starts the driver
+    JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
+    configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
+    SPARK_CONF_DIR)."""
+    conf_dir = os.environ.get("SPARK_CONF_DIR")
+    if "extraJavaOptions" in _submit_conf() or (conf_dir and (Path(conf_dir) / "log4j2.properties").is_file()):
+        return {}
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", *java_options()]
+    return {"spark.driver.extraJavaOptions": " ".join(options)}
+
+
+def _submit_conf() -> str:
+    return os.environ.get("PYSPARK_SUBMIT_ARGS", "") + " ".join(sys.argv)
+
+
+def spark_conf(settings: Settings) -> dict[str, str]:
+    """The Spark settings sluice relies on. Each one is here for a reason:"""
+    return {
+        # Event time is UTC end to end; never let the JVM's zone leak into windows or partitions.
+        "spark.sql.session.timeZone": "UTC",
+        # Delta readers (delta-rs, DuckDB/delta-kernel) expect INT64 micros, not Spark's legacy INT96.
+        "spark.sql.parquet.outputTimestampType": "TIMESTAMP_MICROS",
+        "spark.sql.shuffle.partitions": str(settings.shuffle_partitions),
+        # Spark records the provider in a query's checkpoint and keeps it on restart, whatever this says.
+        "spark.sql.streaming.stateStore.providerClass": STATE_STORE_PROVIDERS[settings.state_store],
+        "spark.ui.enabled": "false",
+        "spark.ui.showConsoleProgress": "false",
+        # Deterministic output file names/partitioning matter less than never writing _SUCCESS files
+        # into table directories.
+        "spark.hadoop.mapreduce.fileoutputcommitter.marksuccessfuljobs": "false",
+        "spark.sql.sources.partitionOverwriteMode": "static",
+        "spark.driver.memory": settings.driver_memory,
+        # The executors' heap on a cluster: a shuffle partition of a catch-up's micro-batch is cached there.
+        **({"spark.executor.memory": settings.executor_memory} if settings.executor_memory else {}),
+        # Ingest parses each line once as a VARIANT. A key given twice takes its last value, as Spark's
+        # from_json does, instead of making the line malformed.
+        "spark.sql.variant.allowDuplicateKeys": "true",
+        # The landing file source lists the files of each micro-batch, and on every restart those of the
+        # checkpoint's last batch again (Spark's recovery of a file source). Above 32 paths that listing is
+        # a Spark job with one task per file by default: 2.4 s on local[2] for the cycle after a 672-file
+        # catch-up batch, for what is I/O on a handful of directories. A few listing tasks are enough.
+        "spark.sql.sources.parallelPartitionDiscovery.parallelism": str(LISTING_TASKS),
+        # Spark keeps the classes it generates for plans (Janino-compiled, then JIT-compiled by the JVM) in a
+        # cache of 100 by default. One cycle generates 200-300 (ingest's micro-batches, the aggregate, Delta's
+        # commits), so the cache turned over within a cycle and the same code was compiled again and again.
+        "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
+        **delta_conf(settings),
+        # A root on object storage (SPEC 1): s3:// URIs through Hadoop's S3A, with the standard AWS settings.
+        **(settings.lake.credentials.spark_conf() if on_object_storage(settings) else {}),
+    }
+
+
+def on_object_storage(settings: Settings) -> bool:
+    """Whether the lake or the landing zone is on object storage (then Spark needs the s3a file system)."""
+    return _any_on_object_storage(settings.lake.root, settings.landing)
+
+
+def delta_conf(settings: Settings | None = None) -> dict[str, str]:
+    """Delta Lake's connector (delta-spark) in every session: its pinned jars from the machine's cache
+    (``make setup`` fetched them; :class:`sluice.core.jars.MissingJarsError` names that command when they
+    are missing), and its SQL extension and catalog, so that ``format("delta")``, ``DeltaTable.forPath``
+    and ``delta.`<uri>``` SQL all work in sluice's sessions as in any Spark shop's. The spark-submit tasks
+    of the DAGs pass the same jars with ``--jars`` (:func:`delta_jars`).
+
+    On a cluster whose workers hold the jars themselves (``executor_jars``), the driver ships none: the
+    executors load them from that folder and the driver from its own cache, each with its ``extraClassPath``
+    (the DAGs' spark-submit tasks pass ``--driver-class-path``)."""
+    return {
+        **jars_conf(settings),
+        "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+        "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+        # Delta replays a table's log with this many tasks (default 50): sluice's tables have short logs
+        # that it checkpoints, and 50 tasks per snapshot cost seconds per operation on a few cores.
+        "spark.databricks.delta.snapshotPartitions": "2",
+    }
+
+
+def _jar_sets(settings: Settings | None) -> tuple[str, ...]:
+    return ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
+
+
+def _cached_jars(settings: Settings | None) -> list[str]:
+    from sluice.core.jars import jar_paths
+
+    return [str(p) for p in jar_paths(_jar_sets(settings))]
+
+
+def delta_jars(settings: Settings | None = None) -> str:
+    """Delta's jars, and the s3a file system's when ``settings`` put a root on object storage."""
+    return ",".join(_cached_jars(settings))
+
+
+def driver_class_path(settings: Settings) -> str:
+    """The same jars as a class path (``--driver-class-path``, ``spark.driver.extraClassPath``)."""
+    return os.pathsep.join(_cached_jars(settings))
+
+
+def executor_class_path(settings: Settings) -> str | None:
+    """Where the executors find the jars on their own disk (``executor_jars``), or None: the driver ships them."""
+    if not settings.executor_jars:
+        return None
+    from sluice.core.jars import locked
+
+    return os.pathsep.join(f"{settings.executor_jars}/{jar.repo_path}" for jar in locked(_jar_sets(settings)))
+
+
+def jars_conf(settings: Settings | None) -> dict[str, str]:
+    """How the jars reach the driver and the executors: shipped (``spark.jars``), or on each side's class path
+    when the workers hold them (:func:`executor_class_path`)."""
+    on_workers = executor_class_path(settings) if settings is not None else None
+    if settings is None or on_workers is None:
+        return {"spark.jars": delta_jars(settings)}
+    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers}
+
+
+# The state store providers behind Settings.state_store. sluice's state is small and bounded by the watermark
+# (open windows, the join's bound of records): in memory, a micro-batch on local[2] costs about 5 s less than
+# with RocksDB, which opens, commits and snapshots one native instance per operator and partition.
+STATE_STORE_PROVIDERS = {
+    "hdfs": "org.apache.spark.sql.execution.streaming.state.HDFSBackedStateStoreProvider",
+    "rocksdb": "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider",
+}
+
+# Tasks of a file-listing job (Spark's default is one per path, up to 10,000): enough to list an object
+# store's files in parallel on a cluster, few enough that scheduling them costs nothing on two cores.
+LISTING_TASKS = 8
+
+# Generated classes Spark keeps for reuse (its default is 100). Measured on the two-stream scenarios of
+# tests/streaming/test_randomized.py in one session: 8 cycles compiled 1287 classes with the default and 391
+# with this, and the cycles after the first took 25-35% less time. The classes are small (tens of KB each).
+CODEGEN_CACHE_ENTRIES = 2000
