@@ -3,7 +3,8 @@
 Reads the layer table of docs/architecture.md (bottom first) and every module of include/sluice, with every
 import it makes: at the top, inside functions, under ``TYPE_CHECKING``. Fails when a module imports a layer
 above its own, when modules import each other in a circle, when the window ledger is read or written outside
-the windows layer, or when code below the edge builds its own Spark session, engine or lake state.
+the windows layer, when code below the edge builds its own Spark session, engine or lake state, or when code
+outside the storage layer tells a local lake from object storage.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ LEDGER_ACCESS = {"read_ledger", "write_ledger", "_rows_of"}
 #: storage layer that defines them.
 RESOURCE_BUILDERS = {"get_spark", "engine_for", "lake_state"}
 BUILDERS_ALLOWED = ("runtime", "edges", "storage")
+#: Where the code may tell a local lake or landing zone from object storage.
+LOCALITY_ALLOWED = ("sluice.core.lake",)
 
 
 def layers(doc: str) -> dict[str, tuple[int, str]]:
@@ -183,6 +186,15 @@ def test_below_the_edge_nothing_builds_a_session_an_engine_or_the_lake_state(tab
              for module, path in modules().items() if layer_of(module, table)[1] not in BUILDERS_ALLOWED
              for name, line in names_used(path) if name in RESOURCE_BUILDERS]
     assert not found, "built below the edge (take it from the RunContext instead):\n" + "\n".join(found)
+
+
+def test_only_storage_tells_a_local_lake_from_object_storage(table):
+    found = [f"{module}:{line} uses is_local"
+             for module, path in modules().items()
+             if layer_of(module, table)[1] != "storage" and module not in LOCALITY_ALLOWED
+             for name, line in names_used(path) if name == "is_local"]
+    assert not found, "branches on is_local outside sluice.storage (ask the lake or the store instead):\n" + "\n".join(
+        found)
 
 
 def test_the_checks_fail_on_a_violation(tmp_path, table):

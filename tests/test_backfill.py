@@ -29,8 +29,9 @@ from pyspark.sql import SparkSession
 from sluice.config import ConfigError, Settings, load_settings
 from sluice.core.windows import Window
 from sluice.runtime.context import open_run
-from sluice.streaming.backfill import BackfillResult, run_backfill, validate_request
+from sluice.streaming.backfill import run_backfill, validate_request
 from sluice.streaming.cycle import run_cycle
+from sluice.streaming.rewrite import BackfillResult
 from sluice_tools.generate import GenerateOptions, generate
 from support.lake import read_rows
 

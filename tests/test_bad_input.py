@@ -18,11 +18,11 @@ import pytest
 from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
-from sluice.cli.status import render_status
 from sluice.config import Settings
 from sluice.ingest.files import source_key
 from sluice.ingest.landing import run_ingest
 from sluice.ingest.state import load_state
+from sluice.reports.status import render_status
 from sluice.runtime.context import open_run
 from sluice.storage.engines import engine_for
 from sluice.windows.ledger import read_ledger

@@ -202,7 +202,7 @@ def test_a_stream_that_never_received_a_file_gets_no_heartbeat_so_its_history_is
 def test_a_file_whose_lines_are_all_late_is_a_warning_in_the_run_and_in_status(
     spark: SparkSession, settings: Settings, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from sluice.cli.status import render_status
+    from sluice.reports.status import render_status
 
     land(settings, "impressions", "now.jsonl", [imp("a", 100)], arrival_minutes=101)
     land(settings, "impressions", "replay.jsonl", [imp(f"r{i}", i) for i in range(3)], arrival_minutes=102)

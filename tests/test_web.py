@@ -19,9 +19,9 @@ from fastapi.testclient import TestClient
 
 from sluice.airflow.api import streams_data, windows_data
 from sluice.airflow.web import create_app
-from sluice.cli.status import status_data
 from sluice.config import load_settings
 from sluice.quality.freshness import open_windows
+from sluice.reports.status import status_data
 from sluice.storage import tables
 from sluice.storage.snapshots import arrow_schema
 from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, read_ledger
@@ -111,7 +111,7 @@ def test_status_is_plain_text(client: TestClient) -> None:
 
 
 def test_api_status_is_the_status_json_document(client: TestClient, home: Path) -> None:
-    from sluice.cli.status import status_data
+    from sluice.reports.status import status_data
 
     document = client.get("/api/status").json()
     expected = status_data(load_settings())

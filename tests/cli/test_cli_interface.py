@@ -19,8 +19,8 @@ from deltalake import write_deltalake
 
 from sluice.alerting.alert import Alert
 from sluice.cli.main import main
-from sluice.cli.status import status_data
 from sluice.config import load_settings
+from sluice.reports.status import status_data
 from support.lake import read_rows
 from support.servers import (
     WebhookServer,

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sluice.core import class_data
-from sluice.runtime import spark as sluice_spark
 from sluice.core.jars import cache_dir
+from sluice.runtime import spark as sluice_spark
 
 
 @pytest.fixture

@@ -118,7 +118,7 @@ def test_a_window_left_open_past_its_grace_raises_one_stale_alert_naming_the_str
     # Issue 29 section 3: `sluice status` (text and JSON), the ledger page and the alert count the same
     # open windows, as windows of the pipeline: those holding data that W = 10:22 has not closed.
     from sluice.airflow.api import windows_data
-    from sluice.cli.status import ledger_summary, status_data
+    from sluice.reports.status import ledger_summary, status_data
 
     [counts] = [p for p in status_data(home)["pipelines"] if p["pipeline"] == "device_temps"]
     [page] = [p for p in windows_data(home, lambda page: page)["pipelines"] if p["pipeline"] == "device_temps"]

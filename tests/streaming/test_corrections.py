@@ -33,8 +33,9 @@ from sluice.ingest.landing import run_ingest
 from sluice.runtime.context import open_run
 from sluice.storage.dlq import dlq_paths
 from sluice.storage.engines import engine_for
-from sluice.streaming.backfill import input_spans, run_backfill, validate_request
+from sluice.streaming.backfill import run_backfill, validate_request
 from sluice.streaming.cycle import CycleResult, run_cycle
+from sluice.streaming.rewrite import input_spans
 from sluice.windows.late import backfill_command, dlq_mark, scan_amendments, waiting_detail
 from sluice.windows.ledger import LedgerRow, join_detail, parse_gold_versions, read_ledger, split_detail
 from support.lake import cycle, land, read_rows, table

@@ -218,8 +218,8 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
 
 
 def _ledger_states(home: Path) -> dict[str, str]:
-    from sluice.cli.output import rfc3339
     from sluice.config import load_settings
+    from sluice.reports.output import rfc3339
     from sluice.windows.ledger import read_ledger
 
     return {str(rfc3339(r.window_start)): r.state for r in read_ledger(load_settings({}, home=home), PIPELINE)}

@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from sluice.cli.status import ledger_summary
 from sluice.config import Settings
 from sluice.ingest.accounting import accounting_table, render_table
 from sluice.quality.site import docs_site
+from sluice.reports.status import ledger_summary
 from sluice.storage import snapshots, tables
-from sluice.windows.ledger import read_ledger
+from sluice.windows.ledger import Ledger
 
 log = logging.getLogger("sluice.demo")
 
@@ -93,7 +93,7 @@ def _dq_summary(settings: Settings) -> str:
         alerts = pa.table(alerts_table.to_pyarrow_table()).to_pylist()
         lines.append(f"\nalerts raised: {len(alerts)}")
         lines += [f"  {a['message']}  [{a['channels'] or 'no channel configured'}]" for a in alerts[:10]]
-    failed = [r for r in read_ledger(settings) if r.state == "failed"]
+    failed = Ledger(settings).in_state("failed")
     if failed:
         lines.append(f"failed windows: {len(failed)} (see `sluice status`)")
     lines.append(f"Data Docs: {docs_site(settings).root.join('index.html')}")

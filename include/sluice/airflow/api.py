@@ -15,12 +15,12 @@ from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import quote
 
-from sluice.cli.output import COUNTS, rfc3339
 from sluice.config import Settings
 from sluice.ingest.state import load_state
 from sluice.quality.freshness import open_windows
 from sluice.quality.outcomes import LATENESS, NO_NULL_KEYS
 from sluice.quality.site import docs_site
+from sluice.reports.output import COUNTS, rfc3339
 from sluice.storage import tables
 from sluice.storage.snapshots import read_small_table
 from sluice.windows.ledger import STATES, Ledger, LedgerRow

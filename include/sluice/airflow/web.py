@@ -87,7 +87,7 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
 
     @app.get("/api/status")
     def api_status() -> dict[str, Any]:
-        from sluice.cli.status import status_data
+        from sluice.reports.status import status_data
 
         return status_data(_settings())
 
@@ -110,7 +110,7 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
 
     @app.get("/status", response_class=PlainTextResponse)
     def status() -> str:
-        from sluice.cli.status import render_status
+        from sluice.reports.status import render_status
 
         return render_status(_settings())
 

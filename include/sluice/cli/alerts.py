@@ -14,9 +14,9 @@ from datetime import UTC, datetime
 from typing import Any
 
 from sluice.alerting.outbox import NO_CHANNEL, PENDING, deliver_pending, read_outbox, row_id
-from sluice.cli.output import rfc3339, window
 from sluice.config import ConfigError, Settings
 from sluice.ingest.accounting import fmt_ts
+from sluice.reports.output import rfc3339, window
 
 
 def _alert(row: dict[str, Any]) -> dict[str, Any]:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.checks import describe as describe_check
 from sluice.config import Settings
+from sluice.core.checks import describe as describe_check
 from sluice.core.timeutil import format_duration as fmt
 
 

@@ -74,7 +74,7 @@ def _one_line(exc: BaseException) -> str:
 def _fail(exc: BaseException, *, expected: bool, debug: bool, as_json: bool) -> int:
     """One ``sluice: error:`` line on stderr (after the traceback with --debug); with --json, also the error
     document on stdout."""
-    from sluice.cli.output import dumps, error_document
+    from sluice.reports.output import dumps, error_document
 
     if debug:
         traceback.print_exception(exc, file=sys.stderr)
@@ -130,7 +130,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:
         return _fail(exc, expected=False, debug=args.debug, as_json=as_json)
     if isinstance(result, Output):
-        from sluice.cli.output import dumps
+        from sluice.reports.output import dumps
 
         try:
             print(dumps(result.data) if as_json else result.text, flush=True)

@@ -27,7 +27,7 @@ def cmd_new_pipeline(args: argparse.Namespace) -> int:
     registry = settings.registry
     declared = {stream: p.source or registry.path for p in registry.pipelines.values() for stream in p.streams}
     done = scaffold(args.name, settings.pipelines_path, tests_dir=Path(args.tests) if args.tests else None,
-                    stream=args.stream, landing_root=settings.landing.local() if settings.landing.is_local else None,
+                    stream=args.stream, landing_root=settings.landing.local_path(),
                     declared_streams=declared)
 
     def shown(path: Path) -> str:  # relative to the working directory when under it: what a user types

@@ -36,7 +36,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> Output:
-    from sluice.cli.output import cycle_data
+    from sluice.reports.output import cycle_data
     from sluice.runtime.context import open_run
     from sluice.streaming.cycle import run_cycle
 
@@ -53,7 +53,7 @@ def cmd_run(args: argparse.Namespace) -> Output:
 
 def cmd_check(args: argparse.Namespace) -> Output:
     from sluice.alerting.outbox import alerts_recorded_since, outbox_snapshot
-    from sluice.cli.output import check_data
+    from sluice.reports.output import check_data
     from sluice.runtime.context import open_run
     from sluice.streaming.cycle import run_quality
 

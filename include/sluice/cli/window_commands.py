@@ -25,7 +25,7 @@ def _require_bronze(settings: Settings, pipeline: str) -> None:
 
 
 def cmd_backfill(args: argparse.Namespace) -> Output:
-    from sluice.cli.output import backfill_data
+    from sluice.reports.output import backfill_data
     from sluice.runtime.context import open_run
     from sluice.streaming.backfill import run_backfill, validate_request
 
@@ -33,7 +33,7 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
     request = validate_request(settings, args.pipeline, args.start, args.end, args.include_late)  # errors first
     _require_bronze(settings, args.pipeline)
     if args.check_only:
-        from sluice.cli.output import retry_data
+        from sluice.reports.output import retry_data
         from sluice.streaming.retry import run_recheck
 
         checked = run_recheck(open_run(settings, app_name=f"sluice-recheck-{args.pipeline}"), args.pipeline,
@@ -51,7 +51,7 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
 
 
 def cmd_retry(args: argparse.Namespace) -> Output:
-    from sluice.cli.output import retry_data
+    from sluice.reports.output import retry_data
     from sluice.runtime.context import open_run
     from sluice.streaming.retry import run_retry
 
@@ -63,7 +63,7 @@ def cmd_retry(args: argparse.Namespace) -> Output:
 
 
 def cmd_status(args: argparse.Namespace) -> Output:
-    from sluice.cli.status import home_warnings, render_status, render_window, status_data, window_data
+    from sluice.reports.status import home_warnings, render_status, render_window, status_data, window_data
 
     settings = settings_of(args, writes=False)
     for message in home_warnings(settings):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from sluice.checks import Check
+from sluice.core.checks import Check
 from sluice.core.errors import DefinitionError
 from sluice.core.timeutil import parse_duration
 

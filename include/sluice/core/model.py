@@ -13,7 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sluice.checks import Check
+from sluice.core.checks import Check
 from sluice.core.windows import WindowSpec
 
 if TYPE_CHECKING:

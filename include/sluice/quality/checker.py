@@ -24,8 +24,8 @@ import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
-from sluice.checks import Completeness
 from sluice.config import Settings
+from sluice.core.checks import Completeness
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.progress import progress
 from sluice.core.spark import collected_utc, local_frame
@@ -143,6 +143,14 @@ def docs_url(settings: Settings, page: Path | str | None) -> str | None:
     return None if relative is None else settings.docs_url(relative)
 
 
+def merged_reports(first: QualityReport | None, second: QualityReport | None) -> QualityReport | None:
+    """One report of two validations of one pipeline (a cycle's new windows and its corrections)."""
+    if first is None or second is None:
+        return first or second
+    return QualityReport(first.pipeline, [*first.checked, *second.checked], {**first.failed, **second.failed},
+                         second.docs_index or first.docs_index, [*first.alerts_sent, *second.alerts_sent])
+
+
 class QualityChecker:
     def __init__(self, ctx: RunContext, pipeline: PipelineDef):
         self.spark = ctx.spark
@@ -244,7 +252,7 @@ class QualityChecker:
 
     def _frames(self, gold_by_output: Mapping[str, Any], window: Window) -> list[Any]:
         """Every output's gold rows of ``window``, with the checks its gold suite runs."""
-        from sluice.checks import Between, NotNull
+        from sluice.core.checks import Between, NotNull
         from sluice.quality.frames import OutputFrame
 
         return [

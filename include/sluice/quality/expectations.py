@@ -7,28 +7,28 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from sluice.quality.frames import (
-    _BRONZE_SUFFIX,
-    _DLQ_SHARE_COLUMN,
-    _GOLD_SUFFIX,
-    _WINDOW_SECONDS_COLUMN,
+    BRONZE_SUFFIX,
+    DLQ_SHARE_COLUMN,
+    GOLD_SUFFIX,
+    WINDOW_SECONDS_COLUMN,
     OutputFrame,
-    _labels,
+    frame_labels,
 )
-from sluice.quality.outcomes import _OUTCOME_META, LATENESS, NO_NULL_KEYS, window_length_outcome
+from sluice.quality.outcomes import LATENESS, NO_NULL_KEYS, OUTCOME_META, window_length_outcome
 from sluice.quality.results import (
-    _format_between,
-    _format_completeness,
-    _format_nulls,
-    _format_share,
-    _format_window_length,
-    _Formatter,
+    Formatter,
+    format_between,
+    format_completeness,
+    format_nulls,
+    format_share,
+    format_window_length,
 )
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
     from great_expectations.expectations import Expectation
 
 # A suite's content: its expectations, the formatter of each outcome (in declared order) and its notes.
-SuiteContent = tuple[list["Expectation"], dict[str, _Formatter], list[str]]
+SuiteContent = tuple[list["Expectation"], dict[str, Formatter], list[str]]
 
 
 def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteContent:
@@ -36,20 +36,20 @@ def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteCon
     import great_expectations as gx
 
     expectations: list[Expectation] = []
-    formatters: dict[str, _Formatter] = {}
-    for outcome, label in _labels(names).items():
+    formatters: dict[str, Formatter] = {}
+    for outcome, label in frame_labels(names).items():
         # The gold total must equal the window's bronze count, passed per window as a suite parameter:
         # Data Docs then shows the gold total as the unexpected value and the bronze count as the
         # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
-        bronze = {"$PARAMETER": f"{label}{_BRONZE_SUFFIX}"}
+        bronze = {"$PARAMETER": f"{label}{BRONZE_SUFFIX}"}
         expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
-            column=f"{label}{_GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={_OUTCOME_META: outcome},
+            column=f"{label}{GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={OUTCOME_META: outcome},
         ))
-        formatters[outcome] = _format_completeness
+        formatters[outcome] = format_completeness
     expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
-        column=_DLQ_SHARE_COLUMN, min_value=0, max_value=lateness_threshold, meta={_OUTCOME_META: LATENESS},
+        column=DLQ_SHARE_COLUMN, min_value=0, max_value=lateness_threshold, meta={OUTCOME_META: LATENESS},
     ))
-    formatters[LATENESS] = _format_share
+    formatters[LATENESS] = format_share
     notes = [
         "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
         f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {lateness_threshold:g}.",
@@ -61,36 +61,36 @@ def gold_expectations(out: OutputFrame, window_seconds: int) -> SuiteContent:
     """An output's suite over its gold rows: no null keys, its declared checks, windows ``window_seconds`` long."""
     import great_expectations as gx
 
-    from sluice.checks import Between, NotNull
+    from sluice.core.checks import Between, NotNull
 
     ex = gx.expectations
     no_nulls = out.prefix + NO_NULL_KEYS
     expectations: list[Expectation] = [
-        ex.ExpectColumnValuesToNotBeNull(column=column, meta={_OUTCOME_META: no_nulls})
+        ex.ExpectColumnValuesToNotBeNull(column=column, meta={OUTCOME_META: no_nulls})
         for column in (*out.keys, "window_start", "window_end")
     ]
-    formatters: dict[str, _Formatter] = {no_nulls: _format_nulls}
+    formatters: dict[str, Formatter] = {no_nulls: format_nulls}
     for check in out.checks:
         outcome = out.prefix + check.name
         if isinstance(check, Between):
             expectations.append(ex.ExpectColumnValuesToBeBetween(
-                column=check.column, min_value=check.low, max_value=check.high, meta={_OUTCOME_META: outcome},
+                column=check.column, min_value=check.low, max_value=check.high, meta={OUTCOME_META: outcome},
             ))
-            formatters[outcome] = _format_between
+            formatters[outcome] = format_between
         elif isinstance(check, NotNull):
             expectations.append(
-                ex.ExpectColumnValuesToNotBeNull(column=check.column, meta={_OUTCOME_META: outcome})
+                ex.ExpectColumnValuesToNotBeNull(column=check.column, meta={OUTCOME_META: outcome})
             )
-            formatters[outcome] = _format_nulls
+            formatters[outcome] = format_nulls
     length = out.prefix + window_length_outcome(window_seconds)
     expectations.append(ex.ExpectColumnValuesToBeBetween(
-        column=_WINDOW_SECONDS_COLUMN, min_value=window_seconds, max_value=window_seconds,
-        meta={_OUTCOME_META: length},
+        column=WINDOW_SECONDS_COLUMN, min_value=window_seconds, max_value=window_seconds,
+        meta={OUTCOME_META: length},
     ))
-    formatters[length] = _format_window_length(window_seconds)
+    formatters[length] = format_window_length(window_seconds)
     notes = [
         f"Validity of the window's rows of gold/{out.name}: no null keys, the declared checks, and "
         "window_end - window_start equal to one window.",
-        f"`{_WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
+        f"`{WINDOW_SECONDS_COLUMN}` is derived by sluice as window_end - window_start in seconds.",
     ]
     return expectations, formatters, notes

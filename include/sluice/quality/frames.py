@@ -10,12 +10,12 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from sluice.checks import Check
+from sluice.core.checks import Check
 from sluice.quality.outcomes import COMPLETENESS_PREFIX
 
-_WINDOW_SECONDS_COLUMN = "window_seconds"
-_DLQ_SHARE_COLUMN = "dlq_share"
-_GOLD_SUFFIX, _BRONZE_SUFFIX = "_gold_total", "_bronze_count"  # the totals frame's columns of a completeness check
+WINDOW_SECONDS_COLUMN = "window_seconds"
+DLQ_SHARE_COLUMN = "dlq_share"
+GOLD_SUFFIX, BRONZE_SUFFIX = "_gold_total", "_bronze_count"  # the totals frame's columns of a completeness check
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class OutputFrame:
     prefix: str = ""
 
 
-def _gold_frame(gold: pd.DataFrame, *, keys: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
+def gold_frame(gold: pd.DataFrame, *, keys: Sequence[str], columns: Sequence[str]) -> pd.DataFrame:
     """The columns the gold suite reads, plus the derived window length in seconds.
 
     A column missing from a non-empty frame is left missing, so its expectations fail with GE's
@@ -44,11 +44,11 @@ def _gold_frame(gold: pd.DataFrame, *, keys: Sequence[str], columns: Sequence[st
     if {"window_start", "window_end"} <= set(frame.columns):
         start = pd.to_datetime(frame["window_start"], utc=True)
         end = pd.to_datetime(frame["window_end"], utc=True)
-        frame[_WINDOW_SECONDS_COLUMN] = (end - start).dt.total_seconds()
+        frame[WINDOW_SECONDS_COLUMN] = (end - start).dt.total_seconds()
     return frame
 
 
-def _labels(outcomes: Sequence[str]) -> dict[str, str]:
+def frame_labels(outcomes: Sequence[str]) -> dict[str, str]:
     """Column-name-safe, distinct labels for completeness outcomes (``completeness:readings`` -> ``readings``,
     ``out:completeness:n`` -> ``out_n``)."""
     labels: dict[str, str] = {}
@@ -60,13 +60,13 @@ def _labels(outcomes: Sequence[str]) -> dict[str, str]:
     return labels
 
 
-def _totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int, total_rows: int) -> pd.DataFrame:
+def totals_frame(completeness: Mapping[str, tuple[int, int]], *, late_rows: int, total_rows: int) -> pd.DataFrame:
     row: dict[str, int | float] = {}
-    labels = _labels(list(completeness))
+    labels = frame_labels(list(completeness))
     for outcome, (gold_total, bronze_count) in completeness.items():
-        row[f"{labels[outcome]}{_GOLD_SUFFIX}"] = int(gold_total)
-        row[f"{labels[outcome]}{_BRONZE_SUFFIX}"] = int(bronze_count)
+        row[f"{labels[outcome]}{GOLD_SUFFIX}"] = int(gold_total)
+        row[f"{labels[outcome]}{BRONZE_SUFFIX}"] = int(bronze_count)
     row["late_rows"] = int(late_rows)
     row["total_rows"] = int(total_rows)
-    row[_DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
+    row[DLQ_SHARE_COLUMN] = int(late_rows) / max(int(total_rows), 1)
     return pd.DataFrame([row])

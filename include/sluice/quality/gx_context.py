@@ -35,7 +35,7 @@ _quiet_great_expectations()
 SITE_NAME = "sluice"
 
 
-def _make_context(site: DocsSite) -> AbstractDataContext:
+def make_context(site: DocsSite) -> AbstractDataContext:
     import great_expectations as gx
     from great_expectations.data_context.types.base import (
         DataContextConfig,

@@ -1,7 +1,7 @@
 """What a window's validation reports: the stable outcome names, one :class:`ExpectationOutcome` per name (a
 row of ``ops/dq_results``), and the :class:`WindowValidation` of a whole window.
 
-Every GE expectation carries its outcome's name in its ``meta`` (under :data:`_OUTCOME_META`); several
+Every GE expectation carries its outcome's name in its ``meta`` (under :data:`OUTCOME_META`); several
 expectations may share one name, and their results fold into one outcome (:mod:`sluice.quality.results`).
 """
 
@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-_OUTCOME_META = "sluice_outcome"
+OUTCOME_META = "sluice_outcome"
 
 COMPLETENESS_PREFIX = "completeness:"
 NO_NULL_KEYS = "validity:no_null_keys"

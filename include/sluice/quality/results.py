@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from sluice.quality.frames import _BRONZE_SUFFIX, _DLQ_SHARE_COLUMN, _GOLD_SUFFIX
-from sluice.quality.outcomes import _OUTCOME_META, ExpectationOutcome
+from sluice.quality.frames import BRONZE_SUFFIX, DLQ_SHARE_COLUMN, GOLD_SUFFIX
+from sluice.quality.outcomes import OUTCOME_META, ExpectationOutcome
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
     from great_expectations.core import ExpectationSuiteValidationResult, ExpectationValidationResult
@@ -20,17 +20,17 @@ _SAMPLE = 3  # offending values quoted in an observed value; GE's own page lists
 
 # An observed-value formatter gets the GE results of one outcome's expectations (in suite order) and the
 # frame they ran on: a passing expectation reports no values, so numbers are read back from the frame.
-_Formatter = Callable[[list["ExpectationValidationResult"], pd.DataFrame], str]
+Formatter = Callable[[list["ExpectationValidationResult"], pd.DataFrame], str]
 
 
-def _fold(
-    result: ExpectationSuiteValidationResult, data: pd.DataFrame, formatters: Mapping[str, _Formatter]
+def fold_results(
+    result: ExpectationSuiteValidationResult, data: pd.DataFrame, formatters: Mapping[str, Formatter]
 ) -> list[ExpectationOutcome]:
     """One outcome per ``sluice_outcome`` name, in suite order: success only if all its parts passed."""
     grouped: dict[str, list[ExpectationValidationResult]] = {}
     for part in result.results:
         meta = part.expectation_config.meta if part.expectation_config else None
-        name = (meta or {}).get(_OUTCOME_META)
+        name = (meta or {}).get(OUTCOME_META)
         if name:
             grouped.setdefault(str(name), []).append(part)
     # In the suite's declared order (formatters are registered in that order): GE lists results grouped by
@@ -99,18 +99,18 @@ def _first_value(data: pd.DataFrame, column: str) -> str:
     return _num(data[column].iloc[0]) if column in data.columns and len(data) else "missing"
 
 
-def _format_completeness(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+def format_completeness(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
     column = _column(parts[0])
     gold = _first_value(data, column)
-    bronze = _first_value(data, column.removesuffix(_GOLD_SUFFIX) + _BRONZE_SUFFIX)
+    bronze = _first_value(data, column.removesuffix(GOLD_SUFFIX) + BRONZE_SUFFIX)
     return f"gold={gold} bronze={bronze}"
 
 
-def _format_share(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
-    return _first_value(data, _DLQ_SHARE_COLUMN)
+def format_share(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+    return _first_value(data, DLQ_SHARE_COLUMN)
 
 
-def _format_nulls(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+def format_nulls(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
     per_column = {_column(p): _unexpected(p)[0] for p in parts}
     total = sum(per_column.values())
     detail = ", ".join(f"{c}: {n}" for c, n in per_column.items() if n)
@@ -123,7 +123,7 @@ def _bounds(part: ExpectationValidationResult) -> str:
     return f"[{'-inf' if low is None else _num(low)}, {'inf' if high is None else _num(high)}]"
 
 
-def _format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
+def format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
     found = [(_column(p), _bounds(p), *_unexpected(p)) for p in parts]
     total = sum(n for _, _, n, _ in found)
     if len({b for _, b, _, _ in found}) == 1:
@@ -134,7 +134,7 @@ def _format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame
     return f"{total} outside their bounds" + (f" ({detail})" if detail else "")
 
 
-def _format_window_length(window_seconds: int) -> _Formatter:
+def format_window_length(window_seconds: int) -> Formatter:
     def fmt(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
         wrong, values = _unexpected(parts[0])
         rows = int((parts[0].result or {}).get("element_count") or 0)
@@ -143,7 +143,7 @@ def _format_window_length(window_seconds: int) -> _Formatter:
     return fmt
 
 
-_BY_KIND: dict[str, _Formatter] = {
-    "expect_column_values_to_be_between": _format_between,
-    "expect_column_values_to_not_be_null": _format_nulls,
+_BY_KIND: dict[str, Formatter] = {
+    "expect_column_values_to_be_between": format_between,
+    "expect_column_values_to_not_be_null": format_nulls,
 }

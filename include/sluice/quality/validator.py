@@ -44,10 +44,10 @@ import pandas as pd
 
 from sluice.quality.docs_assets import make_offline
 from sluice.quality.expectations import gold_expectations, totals_expectations
-from sluice.quality.frames import _BRONZE_SUFFIX, OutputFrame, _gold_frame, _totals_frame
-from sluice.quality.gx_context import SITE_NAME, _make_context
+from sluice.quality.frames import BRONZE_SUFFIX, OutputFrame, gold_frame, totals_frame
+from sluice.quality.gx_context import SITE_NAME, make_context
 from sluice.quality.outcomes import ExpectationOutcome, WindowValidation
-from sluice.quality.results import _fold, _Formatter
+from sluice.quality.results import Formatter, fold_results
 from sluice.quality.site import DocsSite
 
 if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for it, at construction.
@@ -82,7 +82,7 @@ class _Registered:
     signature: tuple[object, ...]
     suite_name: str
     validation: Any  # gx.ValidationDefinition; Any keeps GE out of import time
-    formatters: dict[str, _Formatter] = field(default_factory=dict)
+    formatters: dict[str, Formatter] = field(default_factory=dict)
 
 
 class WindowValidator:
@@ -113,7 +113,7 @@ class WindowValidator:
         self.docs_dir = self.site.staging  # where GE renders the pages
         self.lateness_threshold = float(lateness_threshold)
         self.window_seconds = int(window_seconds)
-        self._context = _make_context(self.site)
+        self._context = make_context(self.site)
         datasource = self._context.data_sources.add_pandas(_DATASOURCE)
         self._totals_batch = datasource.add_dataframe_asset(_TOTALS_ASSET).add_batch_definition_whole_dataframe(
             "whole"
@@ -155,7 +155,7 @@ class WindowValidator:
         completeness: Mapping[str, tuple[int, int]], late_rows: int, total_rows: int,
     ) -> SuiteRun:
         """The window-level suite: the declared completeness checks and lateness."""
-        totals = _totals_frame(completeness, late_rows=late_rows, total_rows=total_rows)
+        totals = totals_frame(completeness, late_rows=late_rows, total_rows=total_rows)
         return self._suite_run(self._totals_suite(pipeline, list(completeness)), totals, _TOTALS_ASSET,
                                pipeline, window_start)
 
@@ -166,7 +166,7 @@ class WindowValidator:
         runs = []
         for out in outputs:
             columns = [c.column for c in out.checks]  # type: ignore[attr-defined]
-            frame = _gold_frame(out.gold, keys=out.keys, columns=columns)
+            frame = gold_frame(out.gold, keys=out.keys, columns=columns)
             runs.append(self._suite_run(self._gold_suite(out), frame, _GOLD_ASSET, pipeline, window_start))
         return runs
 
@@ -189,7 +189,7 @@ class WindowValidator:
             run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time
         )
         result = self._run(registered, data, run_id)
-        return SuiteRun(_fold(result, data, registered.formatters), bool(result.success),
+        return SuiteRun(fold_results(result, data, registered.formatters), bool(result.success),
                         self._result_id(registered.suite_name, run_id, asset))
 
     def _run(
@@ -198,7 +198,7 @@ class WindowValidator:
         from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
 
         # The totals suite compares each gold total with this window's bronze count (see _totals_suite).
-        parameters = {c: int(data[c].iloc[0]) for c in data.columns if c.endswith(_BRONZE_SUFFIX) and len(data)}
+        parameters = {c: int(data[c].iloc[0]) for c in data.columns if c.endswith(BRONZE_SUFFIX) and len(data)}
         try:
             return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id,
                                              expectation_parameters=parameters or None)
@@ -239,7 +239,7 @@ class WindowValidator:
         signature: tuple[object, ...],
         batch_definition: Any,
         expectations: list[Expectation],
-        formatters: dict[str, _Formatter],
+        formatters: dict[str, Formatter],
         notes: list[str],
     ) -> _Registered:
         import great_expectations as gx

@@ -300,7 +300,7 @@ class OpsDeltaEngine:
                             name_of(path), app_id, version, failed, COMMIT_ATTEMPTS, error)
                 commit_backoff(failed)
                 continue
-            _maybe_kill(path, app_id)
+            maybe_kill(path, app_id)
             return True
 
     def _already(self, table: DeltaTable, app_id: str, version: int, path: str) -> bool:
@@ -374,7 +374,7 @@ class OpsDeltaEngine:
 _commits_seen: dict[str, int] = {}
 
 
-def _maybe_kill(path: str, app_id: str = "") -> None:
+def maybe_kill(path: str, app_id: str = "") -> None:
     """Crash-test hook: ``SLUICE_KILL_AFTER_COMMIT=<table suffix>[@<app id prefix>]:<n>`` SIGKILLs this
     process right after its n-th commit to a table whose path ends with the suffix (by an app id starting
     with the prefix, when given) - the worst moment for a crash, between the commits of one step. Unset (the

@@ -28,7 +28,7 @@ from pyspark.sql.types import StructType
 
 from sluice.core.spark import local_frame
 from sluice.storage import snapshots
-from sluice.storage.engine import OpsDeltaEngine, PartitionPredicate, _maybe_kill
+from sluice.storage.engine import OpsDeltaEngine, PartitionPredicate, maybe_kill
 from sluice.storage.tables import is_ops_table
 
 UNLIMITED_FILES = 2**31 - 1
@@ -251,7 +251,7 @@ def _write_in_transaction(
 ) -> bool:
     """Append ``df`` to the Delta table at ``path``, or replace the rows ``replace_where`` matches with it, in one
     commit with the app transaction ``(app_id, version)``, unless that version is committed already; whether it
-    committed (then the crash-test hook ``_maybe_kill`` runs).
+    committed (then the crash-test hook ``maybe_kill`` runs).
 
     This is the command that ``df.write.format("delta").option("txnAppId", app_id).option("txnVersion", version)
     .option("userMetadata", ...)`` with ``mode("append")`` (or ``mode("overwrite").option("replaceWhere", ...)``)
@@ -298,7 +298,7 @@ def _write_in_transaction(
         txn.commitIfNeeded(data.actions(), operation, data.stringTags())
     finally:
         active.clearActive()
-    _maybe_kill(path, app_id)
+    maybe_kill(path, app_id)
     return True
 
 

@@ -39,7 +39,7 @@ from sluice.core.windows import Window
 from sluice.quality.checker import QualityReport
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
-from sluice.streaming.backfill import Backfill, windows_request
+from sluice.streaming.rewrite import Backfill, windows_request
 from sluice.windows.late import refresh_details, too_old
 from sluice.windows.ledger import next_version
 from sluice.windows.plans import WINDOW_COLUMNS, Commits, PlanFile, window_key, window_of

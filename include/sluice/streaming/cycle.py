@@ -26,7 +26,7 @@ from sluice.ingest.accounting import accounting_table
 from sluice.ingest.landing import run_ingest
 from sluice.ingest.state import BatchRow
 from sluice.ingest.time_rules import all_late, all_late_message
-from sluice.quality.checker import QualityChecker, QualityReport, raise_alert
+from sluice.quality.checker import QualityChecker, QualityReport, merged_reports, raise_alert
 from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import streams_without_files
@@ -144,14 +144,6 @@ def run_cycle(
     result.quality = quality
     result.failed_windows = len(quality.failed) if quality else 0
     return result
-
-
-def merged_reports(first: QualityReport | None, second: QualityReport | None) -> QualityReport | None:
-    """One report of two validations of one pipeline (a cycle's new windows and its corrections)."""
-    if first is None or second is None:
-        return first or second
-    return QualityReport(first.pipeline, [*first.checked, *second.checked], {**first.failed, **second.failed},
-                         second.docs_index or first.docs_index, [*first.alerts_sent, *second.alerts_sent])
 
 
 def run_quality(ctx: RunContext, pipeline: str, *, deliver_alerts: bool = True) -> QualityReport:

@@ -21,10 +21,9 @@ from datetime import datetime
 from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot
 from sluice.core.model import PipelineDef
 from sluice.core.windows import Window
-from sluice.quality.checker import QualityChecker, QualityReport
+from sluice.quality.checker import QualityChecker, QualityReport, merged_reports
 from sluice.runtime.context import RunContext
 from sluice.streaming.backfill import run_backfill
-from sluice.streaming.cycle import merged_reports
 
 log = logging.getLogger("sluice.retry")
 

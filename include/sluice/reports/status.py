@@ -17,12 +17,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from sluice.cli.output import rfc3339, stream_totals, window
 from sluice.config import ConfigError, Settings
 from sluice.ingest.accounting import accounting_table, fmt_ts, render_table, table_rows
 from sluice.ingest.files import source_key
 from sluice.ingest.state import load_state
 from sluice.ingest.time_rules import all_late, all_late_message
+from sluice.reports.output import rfc3339, stream_totals, window
 from sluice.storage import snapshots, tables
 from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, parse_gold_versions, split_detail
 

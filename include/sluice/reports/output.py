@@ -22,9 +22,9 @@ if TYPE_CHECKING:
     from sluice.alerting.outbox import AlertTally
     from sluice.config import Settings
     from sluice.quality.checker import QualityReport
-    from sluice.streaming.backfill import BackfillResult
     from sluice.streaming.cycle import CycleResult
     from sluice.streaming.retry import RetryResult
+    from sluice.streaming.rewrite import BackfillResult
 
 PASSED = "passed"
 CHECKS_FAILED = "checks_failed"
