@@ -180,7 +180,7 @@ def _failed_windows(settings: Settings) -> set[tuple[str, datetime, datetime]]:
 
 
 # A ledger detail is the window's data-quality findings (failed expectations), then what is to be done about
-# its late data waiting (sluice.streaming.corrections.waiting_detail), which always comes last and starts
+# its late data waiting (sluice.windows.late.waiting_detail), which always comes last and starts
 # with its count.
 _WAITING = re.compile(r"(?:^|; )(\d+ late record\(s\) (?:landed after the window closed|still not in gold).*)$", re.S)
 NOT_INCLUDED = "(the backfill ran without --include-late)"
