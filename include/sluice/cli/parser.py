@@ -26,10 +26,10 @@ Airflow runs the same code on a schedule; this command runs it by hand."""
 EPILOG = """\
 examples:
   sluice pipelines                               what is registered: streams, windows, checks
-  sluice run ad_clicks_hourly                    one full cycle: ingest, aggregate, check
-  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z
-  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
-  sluice retry ad_clicks_hourly                  recompute and re-check the failed windows
+  sluice run orders_hourly                    one full cycle: ingest, aggregate, check
+  sluice run orders_hourly --now 2024-05-01T07:00:00Z
+  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
+  sluice retry orders_hourly                     recompute and re-check the failed windows
   sluice status                                  watermarks, windows, row counts
   sluice status --json | jq '.streams'           the same, for scripts
   sluice alerts --deliver                        send the alerts a run recorded but did not send
@@ -173,9 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
         "One full cycle of a pipeline: ingest the files that arrived for its streams, close the windows\n"
         "the watermark has passed, write them to the gold tables and check them (data quality). What the\n"
         "scheduled DAG does, in one process.",
-        "  sluice run ad_clicks_hourly\n"
-        "  sluice run ad_clicks_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
-        "  sluice run ad_clicks_hourly --json | jq '.quality.failed'",
+        "  sluice run orders_hourly\n"
+        "  sluice run orders_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
+        "  sluice run orders_hourly --json | jq '.quality.failed'",
         CYCLE_EXIT_CODES,
     )
     run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
@@ -195,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the data-quality checks on every window that is closed but not validated yet (the DAGs'\n"
         "check_quality task). Failing windows are recorded and alerted; the exit code stays 0 unless\n"
         "--strict.",
-        "  sluice check ad_clicks_hourly --strict",
+        "  sluice check orders_hourly --strict",
         "  0   done (and, with --strict, every window passed)\n  1   the command failed\n"
         "  2   with --strict: some windows failed their checks\n  64  wrong usage",
     )
@@ -221,8 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Recompute the windows in [start, end) from bronze, replace them in one atomic commit, check\n"
         "them again and mark them reprocessed. Running it twice gives the same tables. It waits for a\n"
         "scheduled run of the same pipeline to finish, and the other way round.",
-        "  sluice backfill ad_clicks_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
-        "  sluice backfill ad_clicks_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
+        "  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
+        "  sluice backfill orders_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
         "--include-late",
         CYCLE_EXIT_CODES,
     )
@@ -254,8 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checked, as the backfills of each run of consecutive failed windows, without working out --start\n"
         "and --end by hand. --include-late brings their late (DLQ) records in; --check-only re-checks them\n"
         "as they stand (after a fix upstream of gold or to a threshold) without rewriting gold.",
-        "  sluice retry ad_clicks_hourly\n  sluice retry ad_clicks_hourly --include-late\n"
-        "  sluice retry ad_clicks_hourly --check-only",
+        "  sluice retry orders_hourly\n  sluice retry orders_hourly --include-late\n"
+        "  sluice retry orders_hourly --check-only",
         CYCLE_EXIT_CODES,
     )
     retry.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
@@ -273,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "by state, failed windows, files that failed to load and row counts. Read from Delta metadata\n"
         "only.",
         "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'\n"
-        "  sluice status --window 2024-05-01T10:00:00Z --pipeline ad_clicks_hourly   # one window, what changed",
+        "  sluice status --window 2024-05-01T10:00:00Z --pipeline orders_hourly   # one window, what changed",
     )
     status.add_argument("--now", type=_timestamp("--now"), help=argparse.SUPPRESS)
     status.add_argument("--window", metavar="START", type=_timestamp("--window"),
@@ -301,7 +301,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.\n"
         "--all lists every alert recorded, with what became of it: sent (and through which channels),\n"
         "none (no channel was configured) or pending; --kind, --status and --since filter it.",
-        "  sluice alerts\n  sluice alerts ad_clicks_hourly --deliver\n"
+        "  sluice alerts\n  sluice alerts orders_hourly --deliver\n"
         "  sluice alerts --all --status none --since 2024-05-01T00:00Z",
         "  0   listed (or all delivered)\n  1   the command failed, or an alert failed on a channel\n"
         "  64  wrong usage",

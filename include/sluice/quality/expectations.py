@@ -51,9 +51,8 @@ def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteCon
     ))
     formatters[LATENESS] = format_share
     notes = [
-        "Completeness: each gold total equals the count of the window's accepted records in bronze.",
-        f"Lateness: the window's dead-lettered (late) records not in gold, as a share of all its records, is at "
-        f"most {lateness_threshold:g}.",
+        "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
+        f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {lateness_threshold:g}.",
     ]
     return expectations, formatters, notes
 
