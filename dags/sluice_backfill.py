@@ -9,7 +9,9 @@ Params: `pipeline`, `start`, `end` (RFC 3339, aligned to the pipeline's windows)
 bring in the DLQ records), `check_only` (re-check the closed windows of the range as they stand, without
 rewriting gold: the window-ledger page's "re-check"). Bad params are refused by **validate_params**
 before any Spark work, with a message that says what to fix. A backfill and a scheduled run of the same
-pipeline never write at the same time (a per-pipeline lock taken by the shared code).
+pipeline never write at the same time (a per-pipeline lock taken by the shared code). **send_alerts**
+delivers the run's alerts; **check_quality** fails the run when windows of the range (still) fail their
+checks, as recorded in the ledger and alerted. This DAG is not paused when it is created.
 
 When **backfill** succeeds it emits one Asset event per gold table of the chosen pipeline
 (`sluice://gold/<output>`, through the AssetAlias `sluice_backfill_gold`; each event's extra holds
@@ -26,11 +28,13 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceGoldOperator, job, send_alerts_task
+from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceGoldOperator, gold_assets, job
+from sluice.airflow.outcomes import check_quality_task, send_alerts_task
 from sluice.config import load_settings
 
 # The registered pipelines (definitions only, no Spark, no data) make the `pipeline` param's choices.
-PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
+REGISTRY = load_settings().registry
+PIPELINES = sorted(REGISTRY.pipelines) or ["none registered"]
 
 
 @dag(
@@ -38,6 +42,9 @@ PIPELINES = sorted(load_settings().registry.pipelines) or ["none registered"]
     schedule=None,
     start_date=pendulum.datetime(2024, 1, 1, tz="UTC"),
     catchup=False,
+    # Triggered on demand (the CLI, the ledger page): usable as shipped, where a new DAG would start paused
+    # and its runs would wait in `queued` with no word.
+    is_paused_upon_creation=False,
     max_active_runs=1,
     default_args=DEFAULT_ARGS,
     tags=["sluice", "backfill"],
@@ -88,11 +95,12 @@ def sluice_backfill() -> None:
             "--include-late", "{{ params.include_late | string | lower }}",
             "--check-only", "{{ params.check_only | string | lower }}",
             "--no-deliver",
-            "--no-fail-on-checks",  # send_alerts delivers and fails the run; a retry would not help
+            "--no-fail-on-checks",  # a failed check is the outcome, not a failed job: check_quality says it
         ],
     )
     send_alerts = send_alerts_task(validate_params)
-    validate_params >> backfill >> send_alerts
+    gold = [asset for name in sorted(REGISTRY.pipelines) for asset in gold_assets(REGISTRY.pipelines[name])]
+    validate_params >> backfill >> send_alerts >> check_quality_task(send_alerts, gold)
 
 
 sluice_backfill()

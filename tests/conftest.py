@@ -49,7 +49,7 @@ from support import scheduling
 from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
 
 # A test stuck in native code, which pytest-timeout cannot interrupt, ends its worker with every stack printed.
-pytest_plugins = ["support.watchdog"]
+pytest_plugins = ["support.watchdog", "support.browser"]
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -52,10 +52,10 @@ def test_pipeline_dag_matches_its_definition(dagbag: Any, pipeline: str) -> None
     downstream = {t.task_id: set(t.downstream_task_ids) for t in dag.tasks}
     assert downstream == {
         "choose_path": {"run_cycle", "reprocess_interval"},
-        "run_cycle": {"check_quality"},
-        "check_quality": {"send_alerts"},
+        "run_cycle": {"send_alerts"},
         "reprocess_interval": {"send_alerts"},
-        "send_alerts": set(),
+        "send_alerts": {"check_quality"},
+        "check_quality": set(),
     }
     assert dag.get_task("send_alerts").trigger_rule == TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS
     from airflow.sdk import AssetAlias
@@ -105,6 +105,11 @@ def test_backfill_params_offer_every_registered_pipeline(dagbag: Any) -> None:
     dag = dagbag.dags["sluice_backfill"]
     assert set(dag.params.keys()) >= {"pipeline", "start", "end", "include_late"}
     assert set(dag.params.get_param("pipeline").schema["enum"]) == PIPELINES
+    # Issue 53: the ledger page triggers it; a paused DAG would hold its runs in `queued` without a word.
+    assert dag.is_paused_upon_creation is False
+    downstream = {t.task_id: set(t.downstream_task_ids) for t in dag.tasks}
+    assert downstream == {"validate_params": {"backfill", "send_alerts"}, "backfill": {"send_alerts"},
+                          "send_alerts": {"check_quality"}, "check_quality": set()}
 
 
 def test_pipeline_dags_come_from_one_factory_file(dagbag: Any) -> None:

@@ -252,7 +252,8 @@ def test_backfill_dag_after_a_scheduled_run(
     conf = {"pipeline": "ad_clicks_hourly", "start": rfc3339(START), "end": rfc3339(START + 2 * HOUR),
             "include_late": False}
     backfill = run_dag("sluice_backfill", logical_date(), run_conf=conf)
-    assert task_states(backfill) == {"validate_params": "success", "backfill": "success", "send_alerts": "success"}
+    assert task_states(backfill) == {"validate_params": "success", "backfill": "success", "send_alerts": "success",
+                                     "check_quality": "success"}
     assert run_state(backfill) == "success"
 
     assert ledger(home, "ad_clicks_hourly") == {w: "reprocessed" for w in windows}
@@ -313,7 +314,8 @@ def test_failing_windows_alert_through_webhook_and_smtp(
     sluice_home: Any, run_dag: Callable[..., Any], webhook: WebhookServer, smtp_server: SmtpServer
 ) -> None:
     """SPEC 5: a window that fails DQ raises one alert (webhook + email via the Airflow connections), gets an
-    ops/alerts row and is ``failed`` in the ledger; the run's send_alerts task fails so Airflow shows it."""
+    ops/alerts row and is ``failed`` in the ledger; send_alerts delivers it and the run's check_quality task fails,
+    so Airflow shows the outcome where a data check's failure belongs (issue 53)."""
     home = sluice_home.home
     sluice_home.generate(GenerateOptions(hours=2, events_per_hour=200, late_share=0.03, streams=("events",)))
     sluice_home.setenv("SLUICE_LATENESS_THRESHOLD", "0")  # any DLQ record fails its window
@@ -325,8 +327,8 @@ def test_failing_windows_alert_through_webhook_and_smtp(
 
     run = run_dag("user_activity_hourly", logical_date())
     assert task_states(run) == {
-        "choose_path": "success", "run_cycle": "success", "check_quality": "success",
-        "reprocess_interval": "skipped", "send_alerts": "failed",
+        "choose_path": "success", "run_cycle": "success", "check_quality": "failed",
+        "reprocess_interval": "skipped", "send_alerts": "success",
     }
     assert run_state(run) == "failed"
 

@@ -85,6 +85,7 @@ def test_a_task_that_is_not_spark_alerts_too_and_send_alerts_does_not_repeat_its
     from airflow.sdk.exceptions import AirflowFailException
 
     from sluice.airflow.factory import AlertsRaised, task_failure_alert
+    from sluice.airflow.outcomes import AlertsUndelivered, ChecksFailed
 
     sluice_home.setenv("AIRFLOW_CONN_SLUICE_WEBHOOK", json.dumps({"conn_type": "http", "host": webhook.url}))
     sluice_home.set_now(datetime(2024, 5, 1, 12, tzinfo=UTC))
@@ -99,6 +100,7 @@ def test_a_task_that_is_not_spark_alerts_too_and_send_alerts_does_not_repeat_its
     assert item["expectation"] == "task:sluice_backfill.validate_params"
     assert item["observed_value"].startswith(f"run {run.run_id} try 1: backfill range is empty or reversed")
 
-    task_failure_alert({"exception": AlertsRaised("2 alert(s) of p raised and sent"), "dag": None})
+    for deliberate in (ChecksFailed("2 data-quality problem(s) of p"), AlertsUndelivered("1 alert(s) of p")):
+        task_failure_alert({"exception": deliberate, "dag": None})
     assert len(webhook.posts()) == 1
     assert issubclass(AlertsRaised, AirflowFailException)  # still fails the task without retries

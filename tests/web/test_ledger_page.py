@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from pyspark.sql import SparkSession
 from sluice.airflow.defaults import airflow_env
 from sluice.config import Settings
 from support.airflow_servers import Servers, free_port, sqlite_metadata_db
+from support.browser import sign_in
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
@@ -165,7 +165,7 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     """A fresh, migrated AIRFLOW_HOME with ``api-server``, ``scheduler`` (LocalExecutor) and ``dag-processor``,
     one set for the whole module, all with the same environment (the home, its injected now, the JWT secret).
     Two users of the simple auth manager, whose passwords are set up front in the passwords file (the manager
-    only generates missing ones). ``sluice_backfill`` is loaded (paused, as every new DAG) before the tests run."""
+    only generates missing ones). ``sluice_backfill`` is loaded before the tests run: unpaused, as it ships."""
     airflow_home = tmp_path_factory.mktemp("ledger-airflow")
     passwords = airflow_home / "passwords.json"
     passwords.write_text(json.dumps({USER: PASSWORD, OPERATOR: OPERATOR_PASSWORD}))
@@ -210,7 +210,8 @@ def airflow(sluice_home: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             assert time.monotonic() < deadline, f"{DAG} not loaded: {dag.text}\n{errors}\n" \
                 f"{servers.log('dag-processor')[-5000:]}"
             time.sleep(1)
-        assert dag.json()["is_paused"], "a new DAG starts paused: the tests unpause it when it should run"
+        # Issue 53: the page's actions run on a fresh AIRFLOW_HOME, without an `airflow dags unpause` first.
+        assert not dag.json()["is_paused"], "sluice_backfill must not start paused: the page's runs would wait"
         yield af
     finally:
         af.http.close()
@@ -275,39 +276,8 @@ def test_the_api_serves_the_ledger_and_sluice_status_json(airflow: Airflow, slui
 
 
 # ---------------------------------------------------------------------------------------------- the page
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    chromium = shutil.which("chromium") or "/usr/bin/chromium"
-    assert Path(chromium).exists(), "Debian's chromium is missing: `make setup` installs it (apt-get install chromium)"
-    with sync_playwright() as p:
-        # --no-sandbox: Chromium's sandbox refuses to run as root, which CI and these machines are.
-        browser = p.chromium.launch(executable_path=chromium, headless=True, args=["--no-sandbox"])
-        try:
-            yield browser
-        finally:
-            browser.close()
-
-
 def _sign_in(browser: Any, airflow: Airflow, username: str, password: str, **options: Any) -> Any:
-    """A new browser context (no cookie) on the ledger page: refused, then signed in through Airflow's own
-    login form, which comes back to the page."""
-    from playwright.sync_api import expect
-
-    page = browser.new_page(viewport={"width": 1400, "height": 1000}, **options)
-    errors: list[str] = []
-    page.on("pageerror", lambda err: errors.append(str(err)))
-    page.errors = errors
-    response = page.goto(f"{airflow.url}/sluice/ledger")
-    assert response is not None and response.status == 401
-    page.get_by_role("link", name="Sign in").click()
-    page.locator("input[name=username]").fill(username)
-    page.locator("input[name=password]").fill(password)
-    page.get_by_role("button", name="Sign in").click()
-    page.wait_for_url(f"{airflow.url}/sluice/ledger", timeout=60_000)
-    expect(page.locator("body")).to_have_attribute("data-loaded", "true", timeout=60_000)
-    return page
+    return sign_in(browser, airflow.url, username, password, **options)
 
 
 def _trigger_requests(page: Any) -> list[dict[str, Any]]:
@@ -570,12 +540,27 @@ def test_a_viewer_and_a_signed_out_user_cannot_act(airflow: Airflow, browser: An
     assert runs["total_entries"] == 0, runs
 
 
-def test_an_operator_rechecks_the_failed_windows(airflow: Airflow, browser: Any) -> None:
+def _wait_for_run(airflow: Airflow, run_id: str, timeout: float = 900) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        airflow.assert_alive()
+        run = airflow.http.get(f"{RUNS}/{quote(run_id, safe='')}", headers=airflow.operator()).json()
+        if run["state"] in ("success", "failed"):
+            return dict(run)
+        assert time.monotonic() < deadline, f"{run_id} still {run['state']}:\n{airflow.task_logs(run_id)}"
+        time.sleep(2)
+
+
+def test_an_operator_rechecks_the_failed_windows(airflow: Airflow, browser: Any, sluice_home: Path) -> None:
     """With no window selected, "Re-check failed windows" takes every failed window of the pipeline (here
-    00:00): one sluice_backfill run with ``check_only``, created with the operator's own permissions. It is not
-    run (the DAG is still paused): its conf is what matters here; the backfill below runs for real."""
+    00:00): one sluice_backfill run with ``check_only``, created with the operator's own permissions. While
+    the DAG is paused (an operator paused it) the page says the run waits for that, and how to unpause; once
+    unpaused the run goes on. The window still fails: the run ends ``failed`` at ``check_quality`` (its
+    data-quality outcome), not at send_alerts, whose log never says "sent" with no channel configured."""
     from playwright.sync_api import expect
 
+    auth = airflow.operator()
+    assert airflow.http.patch(f"/api/v2/dags/{DAG}", json={"is_paused": True}, headers=auth).status_code == 200
     page = _sign_in(browser, airflow, OPERATOR, OPERATOR_PASSWORD)
     bodies = _trigger_requests(page)
     card = page.locator(f'article.pipeline[data-pipeline="{PIPELINE}"]')
@@ -589,14 +574,26 @@ def test_an_operator_rechecks_the_failed_windows(airflow: Airflow, browser: Any)
     # The outcome links the run in the Airflow UI.
     expect(outcome.get_by_role("link", name=run_id)).to_have_attribute(
         "href", f"/dags/{DAG}/runs/{quote(run_id, safe='')}")
-    page.close()
+    expect(outcome.locator(".paused")).to_contain_text(f"{DAG} is paused in Airflow", timeout=30_000)
+    expect(outcome.locator(".paused")).to_contain_text(f"airflow dags unpause {DAG}")
 
-    auth = airflow.operator()
-    run = airflow.http.get(f"{RUNS}/{quote(run_id, safe='')}", headers=auth).json()
+    assert airflow.http.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False}, headers=auth).status_code == 200
+    run = _wait_for_run(airflow, run_id)
     assert run["conf"] == _conf(W0, W1, check_only=True)["conf"]
-    assert run["state"] == "queued"   # paused DAG
-    # Out of the way of the backfill below (one active run at a time), as an operator would remove it.
-    assert airflow.http.delete(f"{RUNS}/{quote(run_id, safe='')}", headers=auth).status_code == 204
+    tasks = {t["task_id"]: t["state"] for t in airflow.http.get(
+        f"{RUNS}/{quote(run_id, safe='')}/taskInstances", headers=auth).json()["task_instances"]}
+    assert (run["state"], tasks) == ("failed", {"validate_params": "success", "backfill": "success",
+                                               "send_alerts": "success", "check_quality": "failed"}), \
+        airflow.task_logs(run_id)
+    logs = airflow.task_logs(run_id)
+    assert "data-quality problem(s) of" in logs and "raised and sent" not in logs, logs
+    assert "not sent: no channel is configured" in logs, logs
+    expect(outcome).to_have_attribute("data-run-state", "failed", timeout=60_000)
+    expect(outcome.locator("[data-failed-task]")).to_have_attribute("data-failed-task", "check_quality")
+    expect(outcome).to_contain_text("windows still fail their checks")
+    expect(outcome.locator(".paused")).to_have_count(0)
+    assert _ledger_states(sluice_home)[W0] == "failed"
+    page.close()
 
 
 def test_a_backfill_from_the_page_runs_and_the_ledger_shows_it(
@@ -606,10 +603,6 @@ def test_a_backfill_from_the_page_runs_and_the_ledger_shows_it(
     scheduler runs (Spark in local mode on the same home); the page follows it and shows both windows
     ``reprocessed``, linked to the run and its task log. Runs last: it changes the home."""
     from playwright.sync_api import expect
-
-    auth = airflow.operator()
-    unpaused = airflow.http.patch(f"/api/v2/dags/{DAG}", json={"is_paused": False}, headers=auth)
-    assert unpaused.status_code == 200, unpaused.text
 
     page = _sign_in(browser, airflow, OPERATOR, OPERATOR_PASSWORD)
     bodies = _trigger_requests(page)
@@ -625,15 +618,9 @@ def test_a_backfill_from_the_page_runs_and_the_ledger_shows_it(
     assert run_id
     assert bodies == [_conf(W1, W3)]
 
-    # The scheduler runs it: validate_params, backfill (spark-submit), send_alerts.
-    deadline = time.monotonic() + 900
-    while True:
-        airflow.assert_alive()
-        run = airflow.http.get(f"{RUNS}/{quote(run_id, safe='')}", headers=auth).json()
-        if run["state"] in ("success", "failed"):
-            break
-        assert time.monotonic() < deadline, f"{run_id} still {run['state']} after 900 s:\n{airflow.task_logs(run_id)}"
-        time.sleep(2)
+    # The scheduler runs it (the DAG ships unpaused): validate_params, backfill (spark-submit), send_alerts,
+    # check_quality.
+    run = _wait_for_run(airflow, run_id)
     assert run["state"] == "success", f"{run_id} failed:\n{airflow.task_logs(run_id)}"
     assert run["conf"] == _conf(W1, W3)["conf"]
     assert _ledger_states(sluice_home) == {W0: "failed", W1: "reprocessed", W2: "reprocessed", W3: "reprocessed"}

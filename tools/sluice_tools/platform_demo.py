@@ -126,8 +126,8 @@ def _land_between_runs(api: Api, dags: Sequence[str], client: Any, files: Sequen
 def _describe_run(api: Api, dag_id: str, run_id: str, state: str) -> str:
     tasks = api.task_states(dag_id, run_id)
     cycle = tasks.get("run_cycle", tasks.get("reprocess_interval", "-"))
-    note = "" if state == "success" else "  (a window failed its checks: alerts sent)" \
-        if cycle == "success" and tasks.get("send_alerts") == "failed" else "  (see its task logs)"
+    note = "" if state == "success" else "  (windows failed their checks: recorded and alerted)" \
+        if cycle == "success" and tasks.get("check_quality") == "failed" else "  (see its task logs)"
     return f"  {dag_id:<22} {run_id:<44} {state}{note}"
 
 

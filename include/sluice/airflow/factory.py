@@ -31,10 +31,19 @@ import pendulum
 from airflow.exceptions import AirflowTimetableInvalid
 from airflow.providers.apache.spark.operators.spark_submit import SparkSubmitOperator
 from airflow.sdk import DAG, Asset, AssetAlias, BaseHook, CronDataIntervalTimetable, Param, TriggerRule
-from airflow.sdk.exceptions import AirflowFailException, AirflowNotFoundException
+from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
 from sluice.airflow.credentials import aws_env, task_settings
+from sluice.airflow.outcomes import (  # noqa: F401  (AlertsRaised: re-exported for DAG files and tests)
+    CHECK_QUALITY,
+    SEND_ALERTS,
+    AlertsRaised,
+    deliver,
+    judge,
+    send_alerts_task,
+    task_failure_alert,
+)
 from sluice.core.model import PipelineDef
 from sluice.core.registry import Registry
 
@@ -53,8 +62,7 @@ START_DATE = pendulum.datetime(2024, 1, 1, tz="UTC")
 GOLD_ALIAS = AssetAlias(name="sluice_backfill_gold", group="sluice")
 
 # The pipeline DAGs' tasks (the Airflow graph shows both paths; the branch picks one per run).
-CHOOSE_PATH, RUN_CYCLE, CHECK_QUALITY, REPROCESS, SEND_ALERTS = (
-    "choose_path", "run_cycle", "check_quality", "reprocess_interval", "send_alerts")
+CHOOSE_PATH, RUN_CYCLE, REPROCESS = "choose_path", "run_cycle", "reprocess_interval"
 BACKFILL_RUN_TYPE = "backfill"  # DagRunType.BACKFILL_JOB: runs created by `airflow backfill create` / the UI
 
 
@@ -164,22 +172,6 @@ _DB_URL_KEYS = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__SQL_ALCHE
 _BLOCKED_DB_URL = "airflow-db-not-allowed:"
 
 
-def task_failure_alert(context: Any) -> None:
-    """``on_failure_callback`` of every task of sluice's DAGs (``DEFAULT_ARGS``) and of the Spark operators: a
-    ``task_failure`` alert (webhook, email, ops/alerts) naming the DAG, task, run and error
-    (:func:`sluice.alerting.outbox.on_task_failure`)."""
-    if isinstance(context.get("exception"), AlertsRaised):
-        return  # send_alerts failed the run on purpose, after sending (or keeping pending) those alerts
-    from sluice.alerting.outbox import on_task_failure
-
-    on_task_failure(context)
-
-
-class AlertsRaised(AirflowFailException):
-    """``send_alerts`` fails the run on purpose: its alerts are the notification, so no ``task_failure``
-    alert repeats them."""
-
-
 # Retries cover transient failures (a killed JVM, a busy machine); every write is idempotent, so a retry
 # resumes where the failed attempt stopped. Every task of every sluice DAG alerts when it fails for good (its
 # retries used up): the Spark tasks, and also choose_path, validate_params, send_alerts (unless it failed on
@@ -257,10 +249,12 @@ def with_clock(env: dict[str, str], data_interval_end: datetime | None) -> dict[
 
 
 class SluiceCheckOperator(SluiceSparkSubmitOperator):
-    """``sluice check`` through spark-submit, only when it has work: ``run_cycle`` validates the windows it
-    closes inside its own Spark application, so a DAG run starts one JVM, not two. This task catches up
-    windows a failed or interrupted cycle left closed but not validated; finding none (the ledger, read
-    with delta-rs) it returns without starting Spark."""
+    """The run's last task: its data-quality outcome. It first validates windows a failed or interrupted
+    cycle left closed but unchecked (``sluice check`` through spark-submit; finding none in the ledger, read
+    with delta-rs, it starts no Spark: ``run_cycle`` validates the windows it closes inside its own
+    application) and delivers their alerts. Then it fails (:class:`~sluice.airflow.outcomes.ChecksFailed`,
+    no retry) when this run found windows that failed their checks, as a failing data check does in
+    Airflow, while the Spark task stays green: the job did its work."""
 
     template_fields = (*SluiceSparkSubmitOperator.template_fields, "pipeline")
 
@@ -271,14 +265,17 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
     def execute(self, context: Any) -> None:
         from sluice.runtime.context import open_run
 
+        found: list[str] = []
         pending = open_run(task_settings()).ledger(self.pipeline).pending()
-        if not pending:
+        if pending:
+            log.info("%d window(s) of %s closed but not validated (from %s); validating them", len(pending),
+                     self.pipeline, rfc3339(min(pending)[0]))
+            super().execute(context)
+            found = deliver(self.pipeline)
+        else:
             log.info("every closed window of %s is validated (run_cycle checks the windows it closes); "
                      "nothing to check, Spark not started", self.pipeline)
-            return None
-        log.info("%d window(s) of %s closed but not validated (from %s); validating them", len(pending),
-                 self.pipeline, rfc3339(min(pending)[0]))
-        return super().execute(context)
+        judge(context, self.pipeline, found)
 
 
 class SluiceGoldOperator(SluiceSparkSubmitOperator):
@@ -357,34 +354,6 @@ def pipeline_gold_alias(pipeline: PipelineDef) -> AssetAlias:
     return AssetAlias(name=f"sluice_{pipeline.name}_gold", group="sluice")
 
 
-def send_alerts_task(pipeline: Any, trigger_rule: str = TriggerRule.ALL_SUCCESS) -> Any:
-    """The DAGs' last step: deliver the alerts the DQ step recorded, exactly once per failing window, then
-    fail the run (without retries) so the failure is visible in Airflow too. ``pipeline`` is a name or the
-    XCom of an upstream task that returns one."""
-    from airflow.sdk import task
-
-    @task(task_id=SEND_ALERTS, retries=0, trigger_rule=trigger_rule)
-    def send_alerts(pipeline_name: str) -> int:
-        from sluice.alerting.outbox import deliver_pending
-
-        report = deliver_pending(task_settings(), pipeline_name)
-        for alert in report.delivered:
-            log.log(logging.INFO if alert.level == "info" else logging.WARNING, "%s", alert.message)
-        # Notices (corrections) are informational; failures, stale windows and unreadable files fail the run.
-        errors = [a for a in report.delivered + report.undelivered if a.level != "info"]
-        if report.undelivered:
-            raise AlertsRaised(
-                f"{len(report.undelivered)} alert(s) of {pipeline_name} could not be delivered through any "
-                "channel; they stay pending in ops/alerts and the next run retries them"
-            )
-        if errors:
-            raise AlertsRaised(f"{len(errors)} alert(s) of {pipeline_name} raised and sent: "
-                               + "; ".join(a.summary for a in errors[:5]))
-        return len(report.delivered)
-
-    return send_alerts(pipeline)
-
-
 def _doc_md(pipeline: PipelineDef) -> str:
     outputs = ", ".join(f"`{o.table_name}`" for o in pipeline.outputs)
     streams = ", ".join(f"`landing/{s}`" for s in pipeline.streams)
@@ -397,8 +366,6 @@ def _doc_md(pipeline: PipelineDef) -> str:
         "1. **run_cycle** (one Spark application): ingest the pipeline's streams into bronze, quarantine and "
         "DLQ, then the streaming queries (and the batch close) write the windows the watermark closed, and "
         "Great Expectations checks each of them -> `ops/dq_results`, Data Docs, ledger.\n"
-        "2. **check_quality**: validates windows a failed or interrupted cycle left closed but unchecked; "
-        "with none (the usual case) it ends without starting Spark.\n\n"
         "Backfill runs (`airflow backfill create --dag-id " + pipeline.name + " --from-date ... --to-date ...`, "
         "or *Run backfill* in the UI):\n\n"
         "1. **reprocess_interval**: `sluice backfill` of the windows whose start lies in the run's data "
@@ -407,8 +374,10 @@ def _doc_md(pipeline: PipelineDef) -> str:
         "checked again, ledger `reprocessed`; Asset events for the gold tables. The run conf "
         "`{\"include_late\": true}` (param `include_late`) also brings in the DLQ records. Only windows the "
         "watermark has closed are rewritten.\n\n"
-        "Then **send_alerts**: webhook/email for failing windows (connections `sluice_webhook`, `sluice_smtp`); "
-        "it fails the run when a window failed its checks.\n\n"
+        "Then **send_alerts** delivers the run's alerts (connections `sluice_webhook`, `sluice_smtp`; it fails "
+        "only when a configured channel refused one), and **check_quality** gives the run's data-quality "
+        "outcome: it validates windows a failed cycle left unchecked, and fails when windows of this run "
+        "failed their checks (recorded in the ledger and alerted).\n\n"
         "Spark runs on the `spark_default` connection if defined, else in local mode."
     )
 
@@ -455,8 +424,8 @@ def choose_path_task(pipeline_name: str) -> Any:
 
 
 def pipeline_dag(pipeline: PipelineDef) -> DAG:
-    """The DAG of one pipeline: choose_path >> (run_cycle >> check_quality | reprocess_interval) >>
-    send_alerts. Scheduled and manual runs take the cycle; backfill runs reprocess their interval."""
+    """The DAG of one pipeline: choose_path >> (run_cycle | reprocess_interval) >> send_alerts >>
+    check_quality. Scheduled and manual runs take the cycle; backfill runs reprocess their interval."""
     windows = f"ti.xcom_pull(task_ids='{CHOOSE_PATH}', key='windows')"
     with DAG(
         dag_id=pipeline.name,
@@ -482,15 +451,9 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
             gold_alias=pipeline_gold_alias(pipeline),
             application=job(),
             # One Spark application per run: the cycle validates the windows it closes. Its alerts (failing
-            # windows, unreadable files, correction notices) go out with send_alerts, which fails the run.
+            # windows, unreadable files, correction notices) go out with send_alerts; check_quality then
+            # fails the run when windows failed.
             application_args=["run", pipeline.name, "--no-deliver", "--no-fail-on-checks"],
-            clock_from_data_interval=True,
-        )
-        check_quality = SluiceCheckOperator(
-            task_id=CHECK_QUALITY,
-            pipeline=pipeline.name,
-            application=job(),
-            application_args=["check", pipeline.name, "--no-deliver"],
             clock_from_data_interval=True,
         )
         reprocess = SluiceGoldOperator(
@@ -504,16 +467,25 @@ def pipeline_dag(pipeline: PipelineDef) -> DAG:
                 "--end", "{{ " + windows + "['end'] }}",
                 "--include-late", "{{ params.include_late | string | lower }}",
                 "--no-deliver",
-                "--no-fail-on-checks",  # send_alerts delivers and fails the run; a retry would not help
+                "--no-fail-on-checks",  # a failed check is the outcome, not a failed job: check_quality says it
             ],
             event_extra={"start": "{{ " + windows + "['start'] }}", "end": "{{ " + windows + "['end'] }}",
                          "include_late": "{{ params.include_late | string | lower }}"},
         )
         # After whichever path ran; skipped when neither did (a backfill run whose interval holds no window).
         send_alerts = send_alerts_task(pipeline.name, trigger_rule=TriggerRule.NONE_FAILED_MIN_ONE_SUCCESS)
-        choose_path >> [run_cycle, reprocess]
-        run_cycle >> check_quality >> send_alerts
-        reprocess >> send_alerts
+        check_quality = SluiceCheckOperator(
+            task_id=CHECK_QUALITY,
+            pipeline=pipeline.name,
+            application=job(),
+            # Its own alerts are delivered by the task itself, after the job (see SluiceCheckOperator).
+            application_args=["check", pipeline.name, "--no-deliver"],
+            clock_from_data_interval=True,
+            # It reads and checks the gold tables. As inlets they are registered with Airflow (an event
+            # through the alias needs its Asset known: "AssetModel ... not found") and emit nothing.
+            inlets=gold_assets(pipeline),
+        )
+        choose_path >> [run_cycle, reprocess] >> send_alerts >> check_quality
     return dag
 
 

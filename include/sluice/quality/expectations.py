@@ -51,8 +51,9 @@ def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteCon
     ))
     formatters[LATENESS] = format_share
     notes = [
-        "SPEC 5 completeness: each gold total equals the bronze count of the same window.",
-        f"SPEC 5 lateness: DLQ rows not in gold / all rows of the window <= {lateness_threshold:g}.",
+        "Completeness: each gold total equals the count of bronze records in the same window.",
+        f"Lateness: the window's late (DLQ) records not in gold, as a share of all its records, is at most "
+        f"{lateness_threshold:g}.",
     ]
     return expectations, formatters, notes
 

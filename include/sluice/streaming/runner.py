@@ -304,9 +304,11 @@ class PipelineRunner:
             finally:
                 rows.unpersist()
         self._mark_closed_through(boundary)
-        log.info("%s: closed %d window(s) in batch up to %s in %.1fs (watermark %s)", pipeline.name,
-                 len(self.result.windows) - closed_before, boundary.isoformat(), time.monotonic() - started,
-                 watermark.isoformat() if watermark else "-")
+        # Said apart from the windows the streaming queries closed (logged one by one above), so that a
+        # batch close with nothing left to write does not read as "nothing closed".
+        log.info("%s: batch close up to %s (watermark %s): %d window(s) beyond those the streaming queries "
+                 "wrote, in %.1fs", pipeline.name, boundary.isoformat(), watermark.isoformat() if watermark else "-",
+                 len(self.result.windows) - closed_before, time.monotonic() - started)
 
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def _started(self, output: OutputDef) -> bool:
