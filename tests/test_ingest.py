@@ -255,12 +255,13 @@ def test_a_batchs_quarantined_and_late_lines_are_stored_the_same_whoever_writes_
     land(settings, "impressions", "f2.jsonl", lines, arrival_minutes=63)
     ingest(spark, settings, 64)
     arrival = ts(63)
-    quarantine = [(r["raw"], r["reason"], r["detail"], r["arrival_time"], r["ingest_batch_id"])
+    quarantine = [(r["raw"], r["reason"], r["detail"], r["arrival_time"], r["ingest_batch_id"], r["line_number"])
                   for r in table(settings, "quarantine/impressions")]
+    # In (batch, line) order, each with its line and, for malformed_json, what the JSON parser said about it.
     assert quarantine == [
-        ("[1]", "malformed_json", None, arrival, 1),
-        (no_ad, "missing_field", "missing: ad_id", arrival, 1),
-        ("{not json", "malformed_json", None, arrival, 1),
+        ("{not json", "malformed_json", "Expecting property name enclosed in double quotes at column 2", arrival, 1, 2),
+        (no_ad, "missing_field", "missing: ad_id", arrival, 1, 5),
+        ("[1]", "malformed_json", "a JSON array, not an object", arrival, 1, 6),
     ]
     dlq = [(r["impression_id"], r["ad_id"], r["event_time"], r["watermark"], r["arrival_time"], r["ingest_batch_id"],
             r["raw"]) for r in table(settings, "dlq/impressions")]

@@ -56,8 +56,9 @@ def test_run_json_with_failing_windows_then_alerts_and_status(tmp_path: Path) ->
     run = sluice(tmp_path, "run", PIPELINE, "--now", "2024-05-01T02:00:00Z", "--no-deliver", "--json")
     assert run.returncode == 2, run.stderr[-3000:]
     doc = json.loads(run.stdout)  # stdout is exactly one JSON document: logs and JVM output went to stderr
-    assert list(doc) == ["pipeline", "outcome", "exit_code", "now", "seconds", "streams", "windows_closed",
-                         "windows_amended", "windows_corrected", "quality", "alerts"]
+    assert list(doc) == ["pipeline", "outcome", "exit_code", "now", "seconds", "streams", "warnings",
+                         "windows_closed", "windows_amended", "windows_corrected", "quality", "alerts"]
+    assert all(isinstance(w, str) and "arrived after now" not in w for w in doc["warnings"])
     # --no-deliver: one alert per failed window, recorded and not sent.
     failed = doc["quality"]["failed"]
     assert failed and doc["alerts"] == {"sent": 0, "no_channel": 0, "pending": len(failed)}

@@ -6,7 +6,8 @@ either an exit code or an :class:`Output` (its text for people and its ``--json`
 
 The parser is built in :mod:`sluice.cli.parser`; the commands live in :mod:`sluice.cli.run_commands` (run,
 check, ingest, generate, demo), :mod:`sluice.cli.window_commands` (backfill, retry, status),
-:mod:`sluice.cli.pipeline_commands` (pipelines, new-pipeline) and :mod:`sluice.cli.alert_commands` (alerts).
+:mod:`sluice.cli.pipeline_commands` (pipelines, new-pipeline), :mod:`sluice.cli.alert_commands` (alerts) and
+:mod:`sluice.cli.quarantine_commands` (quarantine).
 """
 
 from __future__ import annotations

@@ -11,9 +11,11 @@ from sluice.alerting.alert import KINDS
 from sluice.cli.alert_commands import cmd_alerts
 from sluice.cli.common import EXIT_USAGE
 from sluice.cli.pipeline_commands import cmd_new_pipeline, cmd_pipelines
+from sluice.cli.quarantine_commands import cmd_quarantine
 from sluice.cli.run_commands import cmd_check, cmd_demo, cmd_generate, cmd_ingest, cmd_run
 from sluice.cli.window_commands import cmd_backfill, cmd_retry, cmd_status
 from sluice.config import ConfigError
+from sluice.storage.tables import QUARANTINE_REASONS
 
 DISTRIBUTION = "sluice"  # [project] name in pyproject.toml
 
@@ -26,12 +28,13 @@ Airflow runs the same code on a schedule; this command runs it by hand."""
 EPILOG = """\
 examples:
   sluice pipelines                               what is registered: streams, windows, checks
-  sluice run orders_hourly                    one full cycle: ingest, aggregate, check
-  sluice run orders_hourly --now 2024-05-01T07:00:00Z
-  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
-  sluice retry orders_hourly                     recompute and re-check the failed windows
+  sluice run device_temps                        one full cycle: ingest, aggregate, check
+  sluice run device_temps --now 2024-05-01T07:00:00Z
+  sluice backfill device_temps --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
+  sluice retry device_temps                      recompute and re-check the failed windows
   sluice status                                  watermarks, windows, row counts
   sluice status --json | jq '.streams'           the same, for scripts
+  sluice quarantine readings                     the lines a stream rejected, and why
   sluice alerts --deliver                        send the alerts a run recorded but did not send
   sluice alerts --all                            every alert recorded: sent, none or pending
 
@@ -47,7 +50,8 @@ exit codes:
   64  wrong usage: unknown command or option, missing or invalid argument
 
 `sluice <command> --help` shows a command's options. Add --json to status, run, backfill,
-retry, check, pipelines or alerts for one JSON document on stdout (logs stay on stderr)."""
+retry, check, pipelines, alerts or quarantine for one JSON document on stdout (logs stay on
+stderr)."""
 
 
 def package_version() -> str:
@@ -93,6 +97,20 @@ def _timestamp(key: str) -> Any:
             return parse_time(value, key)
         except ConfigError as exc:  # argparse names the option itself
             raise argparse.ArgumentTypeError(str(exc).removeprefix(f"{key}: ")) from None
+
+    return convert
+
+
+def _positive(key: str) -> Any:
+    """An argparse type: a whole number >= 0 (0: counts only)."""
+    def convert(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            number = -1
+        if number < 0:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {value!r}")
+        return number
 
     return convert
 
@@ -173,9 +191,9 @@ def build_parser() -> argparse.ArgumentParser:
         "One full cycle of a pipeline: ingest the files that arrived for its streams, close the windows\n"
         "the watermark has passed, write them to the gold tables and check them (data quality). What the\n"
         "scheduled DAG does, in one process.",
-        "  sluice run orders_hourly\n"
-        "  sluice run orders_hourly --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
-        "  sluice run orders_hourly --json | jq '.quality.failed'",
+        "  sluice run device_temps\n"
+        "  sluice run device_temps --now 2024-05-01T07:00:00Z   # a fixed 'now' (also: $SLUICE_NOW)\n"
+        "  sluice run device_temps --json | jq '.quality.failed'",
         CYCLE_EXIT_CODES,
     )
     run.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
@@ -195,7 +213,7 @@ def build_parser() -> argparse.ArgumentParser:
         "Run the data-quality checks on every window that is closed but not validated yet (the DAGs'\n"
         "check_quality task). Failing windows are recorded and alerted; the exit code stays 0 unless\n"
         "--strict.",
-        "  sluice check orders_hourly --strict",
+        "  sluice check device_temps --strict",
         "  0   done (and, with --strict, every window passed)\n  1   the command failed\n"
         "  2   with --strict: some windows failed their checks\n  64  wrong usage",
     )
@@ -210,7 +228,7 @@ def build_parser() -> argparse.ArgumentParser:
         sub, "ingest", "ingest landing streams into bronze only",
         "Ingest the files that arrived for some streams into their bronze, quarantine and DLQ tables,\n"
         "without aggregating or checking.",
-        "  sluice ingest orders",
+        "  sluice ingest readings",
     )
     ingest.add_argument("streams", nargs="+", help="stream names (see `sluice pipelines`)")
     _now_option(ingest)
@@ -221,8 +239,8 @@ def build_parser() -> argparse.ArgumentParser:
         "Recompute the windows in [start, end) from bronze, replace them in one atomic commit, check\n"
         "them again and mark them reprocessed. Running it twice gives the same tables. It waits for a\n"
         "scheduled run of the same pipeline to finish, and the other way round.",
-        "  sluice backfill orders_hourly --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
-        "  sluice backfill orders_hourly --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
+        "  sluice backfill device_temps --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z\n"
+        "  sluice backfill device_temps --start 2024-05-01T00:00:00Z --end 2024-05-02T00:00:00Z "
         "--include-late",
         CYCLE_EXIT_CODES,
     )
@@ -254,8 +272,8 @@ def build_parser() -> argparse.ArgumentParser:
         "checked, as the backfills of each run of consecutive failed windows, without working out --start\n"
         "and --end by hand. --include-late brings their late (DLQ) records in; --check-only re-checks them\n"
         "as they stand (after a fix upstream of gold or to a threshold) without rewriting gold.",
-        "  sluice retry orders_hourly\n  sluice retry orders_hourly --include-late\n"
-        "  sluice retry orders_hourly --check-only",
+        "  sluice retry device_temps\n  sluice retry device_temps --include-late\n"
+        "  sluice retry device_temps --check-only",
         CYCLE_EXIT_CODES,
     )
     retry.add_argument("pipeline", help="a registered pipeline (see `sluice pipelines`)")
@@ -273,7 +291,7 @@ def build_parser() -> argparse.ArgumentParser:
         "by state, failed windows, files that failed to load and row counts. Read from Delta metadata\n"
         "only.",
         "  sluice status\n  sluice --home /data/sluice status --json | jq '.pipelines'\n"
-        "  sluice status --window 2024-05-01T10:00:00Z --pipeline orders_hourly   # one window, what changed",
+        "  sluice status --window 2024-05-01T10:00:00Z --pipeline device_temps   # one window, what changed",
     )
     status.add_argument("--now", type=_timestamp("--now"), help=argparse.SUPPRESS)
     status.add_argument("--window", metavar="START", type=_timestamp("--window"),
@@ -301,7 +319,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sluice_webhook and/or sluice_smtp (AIRFLOW_CONN_* variables are enough) and marks them sent.\n"
         "--all lists every alert recorded, with what became of it: sent (and through which channels),\n"
         "none (no channel was configured) or pending; --kind, --status and --since filter it.",
-        "  sluice alerts\n  sluice alerts orders_hourly --deliver\n"
+        "  sluice alerts\n  sluice alerts device_temps --deliver\n"
         "  sluice alerts --all --status none --since 2024-05-01T00:00Z",
         "  0   listed (or all delivered)\n  1   the command failed, or an alert failed on a channel\n"
         "  64  wrong usage",
@@ -318,6 +336,26 @@ def build_parser() -> argparse.ArgumentParser:
                         help="with --all: only alerts raised at or after TS (with a timezone)")
     _json_option(alerts)
     alerts.set_defaults(func=cmd_alerts)
+
+    quarantine = _command(
+        sub, "quarantine", "a stream's quarantined lines: counts per reason and examples (no Spark)",
+        "The records of a stream that went to quarantine/<stream>, counted per reason, with a few examples\n"
+        "of each: the file and line number, what was wrong (detail; for malformed_json what the JSON parser\n"
+        "said) and the raw line. Newest file first, lines in file order. Read from Delta metadata and files\n"
+        "without Spark. Blank lines are no records: they are not quarantined (ops/ingest_batches.skipped).",
+        "  sluice quarantine readings\n"
+        "  sluice quarantine readings --reason malformed_json --limit 10\n"
+        "  sluice quarantine readings --since 2024-05-01T00:00:00Z --json | jq '.counts'",
+    )
+    quarantine.add_argument("stream", help="a stream (see `sluice pipelines`)")
+    quarantine.add_argument("--reason", action="append", choices=QUARANTINE_REASONS,
+                            help="only records quarantined for this reason (repeatable)")
+    quarantine.add_argument("--since", metavar="TS", type=_timestamp("--since"),
+                            help="only records whose file arrived at or after TS (RFC 3339 with a zone)")
+    quarantine.add_argument("--limit", metavar="N", type=_positive("--limit"), default=3,
+                            help="examples per reason (default: 3)")
+    _json_option(quarantine)
+    quarantine.set_defaults(func=cmd_quarantine)
 
     new = _command(
         sub, "new-pipeline", "scaffold a pipeline file (and a test) to start from",

@@ -19,6 +19,10 @@ Every line ends up in exactly one place:
 * ``dlq`` with the watermark it missed (``event_time < watermark``),
 * ``bronze`` (accepted).
 
+A blank line (empty or whitespace only) is no record, as in Spark's JSON reader: it is counted in the file's
+``skipped`` and nowhere else, and ``lines`` counts records only. Every quarantined line keeps its line number
+(``line_number``, as an editor shows it) and, for ``malformed_json``, what the parser said in ``detail``.
+
 Exactly once: every commit carries the Delta app transaction ``(sluice.ingest.<stream>, batch id)``, and the
 ops rows go first (see :mod:`sluice.ingest.microbatch`).
 
@@ -52,9 +56,9 @@ from sluice.ingest.files import (
     source_key,
     spark_path,
 )
-from sluice.ingest.microbatch import MicroBatchIngest
+from sluice.ingest.microbatch import BLOCK_START, MicroBatchIngest
 from sluice.ingest.state import BatchRow, app_id, load_state, ops_rows
-from sluice.ingest.time_rules import all_late, all_late_message, heartbeat
+from sluice.ingest.time_rules import all_late, all_late_message, arrived_after, arrived_after_message, heartbeat
 from sluice.runtime.context import RunContext
 from sluice.storage import tables
 from sluice.storage.objects import ObjectInfo, folder_listing, hadoop_read_options
@@ -187,7 +191,8 @@ class StreamIngest:
     def _write_unreadable(self, row: BatchRow, error: str | None) -> None:
         assert row.source_file is not None and row.max_arrival_time is not None
         detail = f"file cannot be read: {error or 'unknown error (it may have been replaced since)'}"
-        record = (None, row.source_file, "unreadable_file", detail, row.max_arrival_time, row.batch_id)
+        # No line number: the file is quarantined whole.
+        record = (None, row.source_file, "unreadable_file", detail, row.max_arrival_time, row.batch_id, None)
         self.engine.append_rows(
             [record], self.quarantine.schema, self.quarantine.path(self.settings), app_id=app_id(self.spec.name),
             version=row.batch_id, metadata=self._single_meta(row),
@@ -208,6 +213,9 @@ class StreamIngest:
                 F.col("value").alias("raw"),
                 F.col("_metadata.file_path").alias("source_file"),
                 F.col("_metadata.file_modification_time").alias("arrival_time"),
+                # Which split of the file a line was read from: what its line number counts from (the text
+                # source has no row index; see sluice.ingest.microbatch).
+                F.coalesce(F.col("_metadata.file_block_start"), F.lit(0)).alias(BLOCK_START),
             )
         )
         query = (
@@ -293,9 +301,10 @@ class StreamIngest:
             if all_late(row):
                 log.warning("%s: %s", row.stream, all_late_message(row))
             log.info(
-                "ingest %-11s batch %4d %-28s lines=%d accepted=%d quarantined=%d late=%d duplicates=%d"
+                "ingest %-11s batch %4d %-28s lines=%d accepted=%d quarantined=%d late=%d duplicates=%d%s"
                 "  watermark %s -> %s", row.stream, row.batch_id, Path(row.source_file or "").name,
                 row.lines, row.accepted, row.quarantined, row.late, row.duplicates,
+                f" (blank lines skipped={row.skipped})" if row.skipped else "",
                 wm(row.watermark_before), wm(row.watermark_after),
             )
 
@@ -304,12 +313,18 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     """Ingest each stream once (availableNow) and return the batches committed in this cycle. Each stream
     is ingested under its own lock: a stream shared by several pipelines is never ingested by two
     processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
-    pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record)."""
+    pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record).
+
+    Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
+    many, over all its streams."""
     out = {}
     for name in streams:
         spec = ctx.settings.stream(name)
         with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
             out[name] = StreamIngest(ctx, spec).run()
+    future = arrived_after(out, ctx.now)
+    if future:
+        log.warning("%s", arrived_after_message(future, ctx.now))
     return out
 
 

@@ -8,26 +8,38 @@ Exactly once: for each Spark batch the ops rows are committed first (they are th
 the batch ids), then bronze, quarantine and dlq, each with the Delta app transaction
 ``(sluice.ingest.<stream>, last batch id)``. A batch re-run after a crash reuses its batch ids and every
 table that already has the commit skips it.
+
+Line numbers (``quarantine.line_number``: the file's line, 1-based, blank lines counted, as an editor shows
+it). Spark's text source has no row index, so every line read gets ``monotonically_increasing_id()`` before
+any filter (:data:`LINE_ID`), beside the start of the file split it was read from (:data:`BLOCK_START`,
+``_metadata.file_block_start``). The lines of one split are read in order into one partition, so their ids
+are consecutive: a line's number is the lines of its file in splits that start before its own, plus its
+distance from the smallest id of its split, plus one. The counts and smallest ids per (file, split) come
+from the per-file aggregation the batch runs anyway (:meth:`MicroBatchIngest._per_file`), and the offset per
+split is joined back with the batch's small per-file frame: no extra job, no shuffle. The classified frame
+is persisted, so the ids are computed once. Blank lines stay in the frame until then, because they count
+for the numbering; they are counted as ``skipped`` and stored nowhere.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import TimestampType
+from pyspark.sql.types import StringType, TimestampType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.spark import collected_utc, local_frame
 from sluice.ingest.dedup import mark_duplicates, seen_ids, seen_in_batch
 from sluice.ingest.files import source_key
-from sluice.ingest.parsing import classify_invalid, parse_lines
+from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
 from sluice.ingest.time_rules import file_watermarks
 from sluice.storage import tables
@@ -43,6 +55,34 @@ GZIP_RATIO = 8
 # Up to this many quarantined and late lines in a batch are collected and written by the driver: a Parquet
 # write job per table costs more than the rows. More (a whole file of bad lines) are written by Spark.
 DRIVER_WRITE_ROWS = 10_000
+# Columns of every line Spark read: the start of its file split (set by the ingest query's read) and an id
+# unique in the batch, consecutive within a split (set first thing in process_batch). See the module docstring.
+BLOCK_START = "_block_start"
+LINE_ID = "_line_id"
+MALFORMED = "malformed_json"
+
+
+@dataclass
+class FileCounts:
+    """What the batch's one counting job found in a landing file (:meth:`MicroBatchIngest._per_file`)."""
+
+    arrival_time: datetime
+    lines: int = 0  # records: the lines read, blank ones excepted
+    skipped: int = 0  # blank lines
+    quarantined: int = 0
+    duplicates: int = 0
+    below_watermark: int = 0
+    max_event: datetime | None = None  # of the candidate records (valid, not duplicates)
+    # (block start, lines read, smallest line id) per file split Spark read
+    splits: list[tuple[int, int, int]] = field(default_factory=list)
+
+    def line_offsets(self) -> list[tuple[int, int]]:
+        """(block start, offset) per split: a line's number is its line id plus its split's offset."""
+        out, before = [], 0
+        for start, read, first_id in sorted(self.splits):
+            out.append((start, before - first_id + 1))
+            before += read
+        return out
 
 
 class MicroBatchIngest:
@@ -76,7 +116,10 @@ class MicroBatchIngest:
         state = load_state(self.settings, self.spec.name)
         # Lines Spark read from a file quarantined whole (the start of a truncated .gz) are not records.
         unreadable = {r.source_file for r in state.rows if r.unreadable and r.source_file}
-        self._process(df, spark_batch_id, state, unreadable)
+        # Before any filter, in the stage that reads the files: ids consecutive within each file split, which
+        # give the lines their numbers (module docstring). Not in the streaming query itself: Spark refuses
+        # monotonically_increasing_id in a streaming plan.
+        self._process(df.withColumn(LINE_ID, F.monotonically_increasing_id()), spark_batch_id, state, unreadable)
 
     def _process(self, df: DataFrame, spark_batch_id: int, state: StreamState, unreadable: set[str]) -> None:
         spec = self.spec
@@ -92,7 +135,7 @@ class MicroBatchIngest:
         # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
         # Parse and classify columns that nothing after them reads: not cached, and not shuffled by dedup.
         spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
-                 "_bad_encoding", "_malformed"]
+                 "_bad_encoding", "_blank", "_malformed"]
         classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
@@ -105,9 +148,9 @@ class MicroBatchIngest:
                 per_file = self._per_file(parsed, prior.watermark)
                 # The file path as Spark spelled it may differ from ours (spark_path): judge by identity.
                 unread = {source_key(u) for u in unreadable}
-                skipped = {path for path in per_file if source_key(path) in unread or self._nested(path)}
-                if skipped:
-                    self._process(df, spark_batch_id, state, unreadable | skipped)
+                ignored = {path for path in per_file if source_key(path) in unread or self._nested(path)}
+                if ignored:
+                    self._process(df, spark_batch_id, state, unreadable | ignored)
                 elif per_file:
                     self._finish_batch(parsed, per_file, existing, prior, spark_batch_id, first_id)
             finally:
@@ -126,25 +169,40 @@ class MicroBatchIngest:
         return nested
 
     @staticmethod
-    def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, Row]:
-        """Per landing file of the batch: its arrival time, lines, the max event time of its candidate
-        records (valid, not duplicates), and how many lines were quarantined, duplicates, or below
-        ``watermark`` (the stream's watermark before the batch: late, for every file that the batch's own
-        earlier files do not move it past)."""
-        candidate = F.col("reason").isNull() & ~F.col("_duplicate")
+    def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, FileCounts]:
+        """Per landing file of the batch: its arrival time, lines (records) and blank lines, the max event
+        time of its candidate records (valid, not duplicates), how many lines were quarantined, duplicates,
+        or below ``watermark`` (the stream's watermark before the batch: late, for every file that the batch's
+        own earlier files do not move it past), and per file split the lines read and their smallest id (for
+        the line numbers). Counted per (file, split) by Spark and summed per file here."""
+        reason = F.col("reason")
+        candidate = reason.isNull() & ~F.col("_duplicate")
         below = candidate & (F.col("event_time") < F.lit(watermark)) if watermark else F.lit(False)
         rows = (
-            parsed.groupBy("source_file", "arrival_time")
+            parsed.groupBy("source_file", "arrival_time", BLOCK_START)
             .agg(
-                F.count(F.lit(1)).alias("lines"),
+                F.count(F.lit(1)).alias("read"),
+                F.min(LINE_ID).alias("first_id"),
+                F.count(F.when(reason == BLANK, 1)).alias("skipped"),
                 F.max(F.when(candidate, F.col("event_time"))).alias("max_event"),
-                F.count(F.when(F.col("reason").isNotNull(), 1)).alias("quarantined"),
-                F.count(F.when(F.col("reason").isNull() & F.col("_duplicate"), 1)).alias("duplicates"),
+                F.count(F.when(reason.isNotNull() & (reason != BLANK), 1)).alias("quarantined"),
+                F.count(F.when(reason.isNull() & F.col("_duplicate"), 1)).alias("duplicates"),
                 F.count(F.when(below, 1)).alias("below_watermark"),
             )
             .collect()
         )
-        return {r["source_file"]: r for r in rows}
+        out: dict[str, FileCounts] = {}
+        for r in rows:
+            counts = out.setdefault(r["source_file"], FileCounts(r["arrival_time"]))
+            counts.lines += r["read"] - r["skipped"]
+            counts.skipped += r["skipped"]
+            counts.quarantined += r["quarantined"]
+            counts.duplicates += r["duplicates"]
+            counts.below_watermark += r["below_watermark"]
+            if r["max_event"] is not None and (counts.max_event is None or r["max_event"] > counts.max_event):
+                counts.max_event = r["max_event"]
+            counts.splits.append((r[BLOCK_START], r["read"], r["first_id"]))
+        return out
 
     def _small_batch(self) -> bool:
         """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
@@ -160,7 +218,7 @@ class MicroBatchIngest:
     def _finish_batch(
         self,
         parsed: DataFrame,
-        per_file: dict[str, Row],
+        per_file: dict[str, FileCounts],
         existing: list[BatchRow],
         prior: StreamState,
         spark_batch_id: int,
@@ -168,29 +226,33 @@ class MicroBatchIngest:
     ) -> None:
         spec = self.spec
         # Batch ids follow arrival order (mtime, then path), as one file per trigger would give them.
-        files = sorted((collected_utc(r["arrival_time"]), path) for path, r in per_file.items())
+        files = sorted((collected_utc(c.arrival_time), path) for path, c in per_file.items())
         if existing:
             by_file = {r.source_file: r.batch_id for r in existing}
             seq = {path: by_file[path] for _arrival, path in files}
         else:
             seq = {path: first_id + i for i, (_arrival, path) in enumerate(files)}
         last_id = max(seq.values())
-        max_event = {seq[p]: collected_utc(r["max_event"]) for p, r in per_file.items() if r["max_event"] is not None}
+        max_event = {seq[p]: collected_utc(c.max_event) for p, c in per_file.items() if c.max_event is not None}
         marks = file_watermarks([(s, max_event.get(s)) for s in seq.values()], prior.watermark, spec.watermark_delay)
+        # One row per (file, split): the file's batch id and watermark, and the split's line-number offset.
         files_df = local_frame(
             self.spark,
-            [(path, s, marks[s][0]) for path, s in seq.items()],
-            "source_file string, _file_seq long, _wm_before timestamp",
+            [(path, start, s, marks[s][0], offset)
+             for path, s in seq.items() for start, offset in per_file[path].line_offsets()],
+            f"source_file string, {BLOCK_START} long, _file_seq long, _wm_before timestamp, _line_offset long",
         )
         status = (
-            F.when(F.col("reason").isNotNull(), "quarantined")
+            F.when(F.col("reason") == BLANK, "skipped")
+            .when(F.col("reason").isNotNull(), "quarantined")
             .when(F.col("_duplicate"), "duplicate")
             .when(F.col("_wm_before").isNotNull() & (F.col("event_time") < F.col("_wm_before")), "late")
             .otherwise("accepted")
         )
         # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
-        final = parsed.join(F.broadcast(files_df), "source_file").withColumn("_status", status)
-        late = {seq[p]: r["below_watermark"] for p, r in per_file.items()}
+        final = (parsed.join(F.broadcast(files_df), ["source_file", BLOCK_START])
+                 .withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset")))
+        late = {seq[p]: c.below_watermark for p, c in per_file.items()}
         if any(before != prior.watermark for before, _after in marks.values()):
             # An earlier file of the batch moved the watermark for a later one (a catch-up of several files):
             # count those files' late records against their own watermark.
@@ -207,11 +269,11 @@ class MicroBatchIngest:
             rows.append(BatchRow(
                 stream=spec.name,
                 batch_id=s,
-                lines=counts["lines"],
-                accepted=counts["lines"] - counts["quarantined"] - counts["duplicates"] - late[s],
-                quarantined=counts["quarantined"],
+                lines=counts.lines,
+                accepted=counts.lines - counts.quarantined - counts.duplicates - late[s],
+                quarantined=counts.quarantined,
                 late=late[s],
-                duplicates=counts["duplicates"],
+                duplicates=counts.duplicates,
                 watermark_before=before,
                 watermark_after=after,
                 max_event_time=max_event.get(s),
@@ -219,6 +281,7 @@ class MicroBatchIngest:
                 source_file=path,
                 spark_batch_id=spark_batch_id,
                 query_id=self._query_id,
+                skipped=counts.skipped,
             ))
         self._commit(final, rows, first_id, last_id)
 
@@ -263,8 +326,15 @@ class MicroBatchIngest:
         if not on_driver:
             quarantined = final.filter(F.col("_status") == "quarantined").select(
                 raw.alias("raw"), "source_file", "reason", "detail", "arrival_time",
-                F.col("_file_seq").alias("ingest_batch_id"),
-            ).coalesce(1).sortWithinPartitions("ingest_batch_id", "raw")
+                F.col("_file_seq").alias("ingest_batch_id"), F.col("_line").alias("line_number"),
+            )
+            # What the parser says about a malformed line, in Python: for those lines only (the same function
+            # as on the driver, so the same detail whichever path writes it).
+            malformed = F.col("reason") == MALFORMED
+            explain = F.udf(malformed_detail, StringType(), useArrow=False)
+            quarantined = quarantined.filter(~malformed).unionByName(
+                quarantined.filter(malformed).withColumn("detail", explain(F.col("raw")))
+            ).coalesce(1).sortWithinPartitions("ingest_batch_id", "line_number")
             late = final.filter(F.col("_status") == "late").select(
                 *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
             ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
@@ -281,7 +351,8 @@ class MicroBatchIngest:
             side = final.filter(F.col("_status").isin("quarantined", "late")).select(
                 *late_payload, F.when(is_late, F.col("_wm_before")).alias("watermark"), *lineage, raw.alias("raw"),
                 # Prefixed: a stream may have fields of these names.
-                F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"), "_status",
+                F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"),
+                F.col("_line").alias("_q_line"), "_status",
             )
             self._write_rows_on_driver(side.collect(), appid, last_id, meta)
         for row in rows:
@@ -289,17 +360,19 @@ class MicroBatchIngest:
 
     def _write_rows_on_driver(self, collected: list[Row], appid: str, version: int, meta: dict[str, Any]) -> None:
         """Quarantine and DLQ rows of a batch, collected, written as the Spark writes would lay them out:
-        one file per table, rows in (batch, raw line) and (batch, id) order."""
+        one file per table, rows in (batch, line number) and (batch, id) order."""
         by_status: dict[str, list[dict[str, Any]]] = {"quarantined": [], "late": []}
         for row in collected:
             record = row.asDict()
             if record["_status"] == "quarantined":
+                reason = record["_q_reason"]
                 record = {**{k: record[k] for k in ("raw", "source_file", "arrival_time", "ingest_batch_id")},
-                          "reason": record["_q_reason"], "detail": record["_q_detail"]}
+                          "reason": reason, "line_number": record["_q_line"],
+                          "detail": malformed_detail(record["raw"]) if reason == MALFORMED else record["_q_detail"]}
             by_status[row["_status"]].append(record)
         id_field = self.spec.id_field
         for table, records, key in (
-            (self.quarantine, by_status["quarantined"], lambda r: (r["ingest_batch_id"], r["raw"])),
+            (self.quarantine, by_status["quarantined"], lambda r: (r["ingest_batch_id"], r["line_number"])),
             (self.dlq, by_status["late"], lambda r: (r["ingest_batch_id"], r[id_field])),
         ):
             if not records:

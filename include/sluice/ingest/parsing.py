@@ -3,11 +3,18 @@
 Each step is a small DataFrame -> DataFrame transform, shared by tests and the job. Every line is parsed once
 as a VARIANT; per declared field its JSON type, its text and its value in the declared type decide the
 quarantine reason: ``bad_encoding``, ``malformed_json``, ``missing_field``, ``bad_timestamp``, ``bad_type`` or
-``early`` (see :mod:`sluice.ingest.time_rules`), in that order.
+``early`` (see :mod:`sluice.ingest.time_rules`), in that order. A blank line (empty or whitespace only) is no
+record, as in Spark's JSON reader: it gets the internal reason :data:`BLANK`, is counted as skipped and is
+stored nowhere.
+
+What the parser says about a ``malformed_json`` line (:func:`malformed_detail`, Python's ``json`` message and
+column) is computed in Python for those lines only, once the batch is filtered down to them: never a UDF over
+every line.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -22,6 +29,11 @@ from sluice.ingest.time_rules import early_bound
 RFC3339 = r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d{1,9})?([Zz]|[+-]\d{2}:\d{2})$"
 NUMBER_TYPES = ("BIGINT", "DECIMAL", "DOUBLE")
 BAD_ENCODING_DETAIL = "line is not valid UTF-8; raw holds its bytes base64-encoded"
+#: The reason of a blank line (empty, or JSON whitespace only): no record, as in Spark's JSON reader. Internal:
+#: never stored in quarantine; the line counts in ``ops/ingest_batches.skipped``, not in ``lines``.
+BLANK = "blank_line"
+# JSON's whitespace (RFC 8259): what Spark's JSON reader (Jackson) skips before a value.
+BLANK_LINE = r"^[ \t\r\n]*$"
 
 
 def _json_path(name: str) -> str:
@@ -46,7 +58,8 @@ def parse_lines(spec: StreamSpec) -> Any:
     DECIMAL(p,s), DOUBLE, BOOLEAN, OBJECT<..>, ARRAY<..>, VOID for null; null when absent), its text
     (``_s_<field>``: the string itself, or the canonical JSON text of any other value) and its value in
     the declared type (``_v_<field>``, null when the JSON type cannot hold it). Flags lines that are not
-    valid UTF-8 (``_bad_encoding``) and lines that are not a JSON object (``_malformed``).
+    valid UTF-8 (``_bad_encoding``), blank lines (``_blank``: empty or whitespace only, no record) and lines
+    that are not a JSON object (``_malformed``).
 
     The line is parsed once, as a VARIANT, because the JSON type decides what is valid: a struct schema
     would turn ``1.5e3`` into "1500.0", an object into its text and bad bytes into U+FFFD, silently."""
@@ -55,7 +68,9 @@ def parse_lines(spec: StreamSpec) -> Any:
         utf8 = F.is_valid_utf8("raw")
         doc = F.when(utf8, F.try_parse_json("raw"))
         not_one_object = doc.isNull() | ~F.col("raw").rlike(r"^\s*\{") | _trailing_content(F.col("raw"))
-        df = df.select("*", doc.alias("_doc"), (~utf8).alias("_bad_encoding"),
+        # Only a line that does not parse is tested for blankness (`And` stops at the first false).
+        blank = utf8 & doc.isNull() & F.col("raw").rlike(BLANK_LINE)
+        df = df.select("*", doc.alias("_doc"), (~utf8).alias("_bad_encoding"), blank.alias("_blank"),
                        (utf8 & not_one_object).alias("_malformed"))
         df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
                               for f in spec.fields])
@@ -138,7 +153,9 @@ def typed_value(spec: StreamSpec, field_name: str) -> Column:
 
 def classify_invalid(spec: StreamSpec) -> Any:
     """Assign quarantine reasons (bad_encoding, malformed_json, missing_field, bad_timestamp, bad_type,
-    early), in that order, with a ``detail`` that names the field."""
+    early), in that order, with a ``detail`` that names the field; :data:`BLANK` for a blank line, before
+    any of them. The detail of a ``malformed_json`` line is left null here: :func:`malformed_detail` fills it
+    when the line is written to quarantine."""
 
     def transform(df: DataFrame) -> DataFrame:
         def null(f: str) -> Column:
@@ -178,7 +195,8 @@ def classify_invalid(spec: StreamSpec) -> Any:
             *[w for _f, w in problems], F.lit(False))
         early = early_bound(spec)
         reason = (
-            F.when(F.col("_bad_encoding"), "bad_encoding")
+            F.when(F.col("_blank"), BLANK)
+            .when(F.col("_bad_encoding"), "bad_encoding")
             .when(F.col("_malformed"), "malformed_json")
             .when(any_missing, "missing_field")
             .when(event_time.isNull() | too_old, "bad_timestamp")
@@ -187,7 +205,8 @@ def classify_invalid(spec: StreamSpec) -> Any:
             .when(event_time > early, "early")
         )
         detail = (
-            F.when(F.col("_bad_encoding"), BAD_ENCODING_DETAIL)
+            F.when(F.col("_blank"), None)
+            .when(F.col("_bad_encoding"), BAD_ENCODING_DETAIL)
             .when(F.col("_malformed"), None)
             .when(any_missing, F.concat(F.lit("missing: "), missing_names))
             .when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
@@ -204,3 +223,41 @@ def classify_invalid(spec: StreamSpec) -> Any:
 
     return transform
 
+
+# -- what the parser says about a malformed line ------------------------------------------------------------
+_NOT_AN_OBJECT = {list: "a JSON array", str: "a JSON string", bool: "a JSON boolean", int: "a JSON number",
+                  float: "a JSON number", type(None): "JSON null"}
+
+
+class _Constant(ValueError):
+    """NaN, Infinity or -Infinity, which Python's json accepts and JSON (and Spark) do not."""
+
+
+def _no_constants(name: str) -> Any:
+    raise _Constant(name)
+
+
+def malformed_detail(raw: str | None) -> str | None:
+    """Why a ``malformed_json`` line is not one JSON object, in the words of Python's ``json`` parser, with the
+    1-based column (in characters) where it gave up: ``Expecting ',' delimiter at column 45``, ``Extra data at
+    column 12`` (``{..}{..}``), ``a JSON array, not an object``.
+
+    A pure function of the line, so the same line gets the same detail whichever path writes it (collected on
+    the driver, or as a Spark UDF over the batch's malformed lines only)."""
+    if raw is None:
+        return None
+    try:
+        value = json.loads(raw, parse_constant=_no_constants)
+    except json.JSONDecodeError as exc:
+        if exc.msg.startswith("Unexpected UTF-8 BOM"):
+            return "a byte order mark (U+FEFF) before the JSON at column 1"
+        where = "column" if exc.msg.endswith(" at") else "at column"
+        return f"{exc.msg} {where} {exc.colno}"
+    except _Constant as exc:
+        return f"{exc} is not a JSON value (JSON has no NaN or Infinity)"
+    except RecursionError:
+        return "nested too deeply to parse"
+    if not isinstance(value, dict):
+        return f"{_NOT_AN_OBJECT.get(type(value), 'a JSON value')}, not an object"
+    # Python accepts it, Spark's parser does not (rare: e.g. a lone surrogate escape).
+    return "not valid JSON for Spark's parser"

@@ -38,6 +38,9 @@ class BatchRow:
     is_heartbeat: bool = False
     spark_batch_id: int | None = None
     query_id: str | None = None
+    # Blank lines of the file: no records, so in none of the counts above (lines = accepted + quarantined + late
+    # + duplicates). Last, as in the table's schema: BatchRows are written in field order (ops_rows).
+    skipped: int = 0
 
     @property
     def unreadable(self) -> bool:
@@ -85,6 +88,8 @@ def load_state(settings: Settings, stream: str) -> StreamState:
     table = data.filter(pc.field("stream") == stream)
     names = {f.name for f in tables.INGEST_BATCHES.schema.fields}
     rows = [BatchRow(**{k: v for k, v in r.items() if k in names}) for r in table.to_pylist()]
+    for row in rows:
+        row.skipped = row.skipped or 0  # null in rows written before the column existed
     return StreamState(sorted(rows, key=lambda r: r.batch_id))
 
 

@@ -9,8 +9,8 @@ files were grouped into triggers.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from datetime import datetime, timedelta
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from pyspark.sql import Column
@@ -96,3 +96,24 @@ def all_late_message(row: BatchRow) -> str:
     mark = row.watermark_before.strftime("%Y-%m-%dT%H:%M:%SZ") if row.watermark_before else "-"
     return (f"file {Path(source_key(row.source_file or '')).name}: {row.late} of {row.lines} lines late "
             f"(watermark {mark}); is the producer replaying history?")
+
+
+def arrived_after(batches: Mapping[str, Sequence[BatchRow]], now: datetime) -> list[BatchRow]:
+    """The landing files of these batches (of one run, per stream) whose arrival time is after ``now``: taken
+    in the cycle that found them, under their own arrival time (SPEC 3), most likely because ``--now`` (or
+    ``SLUICE_NOW``) lies behind the files, or a producer's clock runs ahead."""
+    return [r for rows in batches.values() for r in rows
+            if not r.is_heartbeat and r.max_arrival_time is not None and r.max_arrival_time > now]
+
+
+def arrived_after_message(rows: Sequence[BatchRow], now: datetime) -> str:
+    """One line for all of them: ``3 files arrived after now (...); was --now meant?``."""
+
+    def stamp(ts: datetime) -> str:
+        return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+    latest = max(r.max_arrival_time for r in rows if r.max_arrival_time is not None)
+    files = "1 file" if len(rows) == 1 else f"{len(rows)} files"
+    return (f"{files} arrived after now ({stamp(now)}; the latest at {stamp(latest)}) and "
+            f"{'was' if len(rows) == 1 else 'were'} taken under {'its' if len(rows) == 1 else 'their'} own arrival "
+            "time; was --now meant?")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from sluice.alerting.outbox import AlertTally
     from sluice.config import Settings
+    from sluice.ingest.state import BatchRow
     from sluice.quality.checker import QualityReport
     from sluice.streaming.cycle import CycleResult
     from sluice.streaming.retry import RetryResult
@@ -93,6 +94,18 @@ def stream_totals(settings: Settings, streams: Iterable[str]) -> list[dict[str, 
     return out
 
 
+def ingest_warnings(batches: Mapping[str, list[BatchRow]], now: datetime) -> list[str]:
+    """What a run's ingest warned about: files whose lines were all late (per stream), and, once for the run,
+    files that arrived after ``now``."""
+    from sluice.ingest.time_rules import all_late, all_late_message, arrived_after, arrived_after_message
+
+    out = [f"{stream}: {all_late_message(row)}" for stream, rows in batches.items() for row in rows if all_late(row)]
+    future = arrived_after(batches, now)
+    if future:
+        out.append(arrived_after_message(future, now))
+    return out
+
+
 def cycle_data(result: CycleResult, exit_code: int) -> dict[str, Any]:
     """``sluice run --json``."""
     totals = {s["stream"]: s for s in stream_totals(result.settings, result.batches)}
@@ -116,6 +129,7 @@ def cycle_data(result: CycleResult, exit_code: int) -> dict[str, Any]:
         "now": rfc3339(result.settings.now()),
         "seconds": round(result.seconds, 3),
         "streams": streams,
+        "warnings": ingest_warnings(result.batches, result.settings.now()),
         "windows_closed": [window(s, e) for s, e in closed],
         # Closed windows that late records landed for (now amended), and those re-computed with them.
         "windows_amended": [window(s, e) for s, e in result.amended],

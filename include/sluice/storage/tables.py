@@ -94,6 +94,9 @@ def quarantine(spec: StreamSpec) -> TableDef:
             ("detail", StringType()),
             ("arrival_time", TimestampType()),
             ("ingest_batch_id", LongType()),
+            # The line of source_file (1-based, blank lines counted, as an editor shows it); null for a file
+            # quarantined whole (unreadable_file). Added after the first release: null in older rows.
+            ("line_number", LongType()),
         )
     )
     return TableDef(f"quarantine/{spec.name}", schema)
@@ -131,6 +134,9 @@ INGEST_BATCHES = TableDef(
             ("is_heartbeat", BooleanType()),
             ("spark_batch_id", LongType()),
             ("query_id", StringType()),
+            # Blank lines (empty or whitespace only) of the file: no records, so not in `lines` (SPEC 2).
+            # Added after the first release: null in older rows.
+            ("skipped", LongType()),
         )
     ),
 )
