@@ -51,7 +51,9 @@ $(STAMP): requirements.txt pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -r requirements.txt
-	$(BIN)/pip install --quiet --no-deps -e .
+	@# sluice's packages live in two folders (include/, tools/), so setuptools installs them through an import
+	@# hook and says so with an "Editable installation" BuildBackendWarning: informational, silenced here.
+	PYTHONWARNINGS='ignore:Editable installation' $(BIN)/pip install --quiet --no-deps -e .
 	touch $(STAMP)
 
 # Delta's connector and the s3a file system from Maven Central, each checked against its pinned sha256 into
@@ -113,9 +115,15 @@ bench-cluster: platform
 bench-smoke: setup
 	$(BIN)/python bench/run.py --smoke
 
-# The Airflow UI on http://localhost:8080 with sluice's DAGs (standalone: SQLite, one process tree).
+# The Airflow UI with sluice's DAGs on http://127.0.0.1:8080, from any shell (sluice/airflow/standalone.py): what
+# `airflow standalone` starts (SQLite, LocalExecutor) in AIRFLOW_HOME (default $(SLUICE_HOME)/airflow), with their
+# logs in $AIRFLOW_HOME/standalone/logs. Every start prints the URL, the user and the file holding the password.
+# Ctrl-C stops it all; if one component exits, the rest are stopped and the target fails with one line naming it.
+# Nothing listens beyond 127.0.0.1 unless asked: AIRFLOW_HOST=0.0.0.0 make airflow opens the UI and the REST API
+# (which can trigger DAGs) to the network; AIRFLOW_PORT=8081 make airflow moves it. Tasks run up to the CPU count
+# at once (AIRFLOW__CORE__PARALLELISM), their Spark drivers on SPARK_LOCAL_IP=127.0.0.1; set either to change it.
 airflow: setup
-	AIRFLOW_HOME=$${AIRFLOW_HOME:-$(SLUICE_HOME)/airflow} $(BIN)/airflow standalone
+	$(BIN)/python -m sluice.airflow.standalone
 
 clean:
 	rm -rf .sluice .pytest_cache .mypy_cache .ruff_cache

@@ -9,6 +9,9 @@ editor step, "Replace the skeleton in ``pipelines/<file>``", writes the README's
 block there. Each command must exit 0, or the code its comment announces (``# ... exits 2``); the output
 the README shows under a block must be what its last command printed (``...`` stands for any text); and the
 steps must do what the README says they do. A command that fails fails the test with its output.
+``make airflow``, a server, is started in the background as the tutorial's last command (on a free port,
+``AIRFLOW_PORT``, as another Airflow may hold 8080); then the test signs in as the README says, in Chromium,
+and triggers the page's first action, a re-check, and follows it to its end (issue 53).
 
 A clone's venv has sluice installed in editable mode from that clone. The venv here belongs to the repo,
 so PYTHONPATH points ``sluice`` (and ``sluice_tools``) at the fresh folder's copy instead: the pipelines
@@ -17,21 +20,29 @@ folder, the DAGs and the tests all resolve in the fresh folder, and nothing is w
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 
 from sluice.config import without_settings
 from sluice.core import jars
+from sluice.storage.tables import QUARANTINE_REASONS
+from support.airflow_servers import free_port
+from support.browser import sign_in
 from support.lake import read_rows
 from support.tutorial import Step, section, shell_commands, tutorial_steps
 
@@ -56,6 +67,14 @@ def fresh_clone(dest: Path) -> Path:
             (dest / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(source, dest / name)  # no copy2: a clone's files are as new as the clone
     (dest / ".venv").symlink_to(VENV)  # `make setup` has run
+    # ... from these very files: make's set-up stamps (in the shared venv) are newer than them, so a make
+    # target of the clone does not install the clone into the repo's venv.
+    stamp = VENV / ".installed"
+    if stamp.exists():
+        old = stamp.stat().st_mtime - 60
+        for name in ("requirements.txt", "pyproject.toml", "include/sluice/core/jars.lock"):
+            if (dest / name).exists():
+                os.utime(dest / name, (old, old))
     return dest
 
 
@@ -109,9 +128,13 @@ class Transcript:
         return found[0]
 
 
+SERVER = "make airflow"  # the one tutorial command that does not end: it serves the UI until stopped
+
+
 def script(steps: list[Step], clone: Path, logs: Path) -> tuple[str, list[str], list[int]]:
     """One bash script running every step in order, each command's output, exit code and time in ``logs``;
-    it stops at the first command that does not exit as announced."""
+    it stops at the first command that does not exit as announced. ``make airflow`` is started in a session
+    of its own, in the background (its pid in ``<i>.pid``), as a user leaves it running in a terminal."""
     lines = ["set -uo pipefail", f"cd {shlex.quote(str(clone))}"]
     commands: list[str] = []
     codes: list[int] = []
@@ -121,6 +144,10 @@ def script(steps: list[Step], clone: Path, logs: Path) -> tuple[str, list[str], 
         commands.append(command)
         codes.append(code)
         log = shlex.quote(str(logs / str(i)))
+        if command == SERVER:
+            lines.extend([f"setsid {command} > {log}.out 2> {log}.err < /dev/null &", f"echo $! > {log}.pid",
+                          f'echo 0 > {log}.rc; echo "$EPOCHREALTIME $EPOCHREALTIME" > {log}.time'])
+            return
         lines.extend([
             f'echo "$EPOCHREALTIME" > {log}.time',
             "{ " + command,
@@ -144,13 +171,13 @@ def script(steps: list[Step], clone: Path, logs: Path) -> tuple[str, list[str], 
 @pytest.mark.slow
 @pytest.mark.spark
 @pytest.mark.timeout(2700)
-def test_the_readme_tutorial_runs_exactly_as_written(tmp_path: Path) -> None:
+def test_the_readme_tutorial_runs_exactly_as_written(tmp_path: Path, browser: Any) -> None:
     steps = tutorial_steps()
     clone = fresh_clone(tmp_path / "clone")
     logs = tmp_path / "logs"
     logs.mkdir()
     (tmp_path / "home").mkdir()
-    env = user_env(clone, tmp_path / "home")
+    env = {**user_env(clone, tmp_path / "home"), "AIRFLOW_PORT": str(free_port())}
 
     # The harness, not the tutorial: sluice must resolve in the fresh folder, or the tutorial's
     # `new-pipeline` would write into the repo's own pipelines/.
@@ -159,12 +186,22 @@ def test_the_readme_tutorial_runs_exactly_as_written(tmp_path: Path) -> None:
     assert where.stdout.strip() == str(clone.resolve()), where.stdout + where.stderr
 
     text, commands, codes = script(steps, clone, logs)
+    assert commands[-1] == SERVER, f"the tutorial must end with `{SERVER}` (the UI and the page's first action)"
     (tmp_path / "tutorial.sh").write_text(text)
     started = time.monotonic()
-    done = subprocess.run(["bash", str(tmp_path / "tutorial.sh")], cwd=clone, env=env, capture_output=True,
-                          text=True, check=False, timeout=2600)
-    took = time.monotonic() - started
-    transcript = Transcript(logs, commands, codes)
+    try:
+        done = subprocess.run(["bash", str(tmp_path / "tutorial.sh")], cwd=clone, env=env, capture_output=True,
+                              text=True, check=False, timeout=2600)
+        took = time.monotonic() - started
+        transcript = Transcript(logs, commands, codes)
+        _check_the_commands(steps, commands, codes, transcript, done, took, clone)
+        _recheck_from_the_page(transcript, len(commands) - 1, browser, int(env["AIRFLOW_PORT"]))
+    finally:
+        _stop(logs / f"{len(commands) - 1}.pid")
+
+
+def _check_the_commands(steps: list[Step], commands: list[str], codes: list[int], transcript: Transcript,
+                        done: subprocess.CompletedProcess[str], took: float, clone: Path) -> None:
     for i, expected in enumerate(codes):
         code = transcript.code(i)
         assert code is not None, f"tutorial command {i + 1} never ran:\n$ {commands[i]}\n{done.stderr[-3000:]}"
@@ -210,6 +247,67 @@ def test_the_readme_tutorial_runs_exactly_as_written(tmp_path: Path) -> None:
     assert [r["readings"] for r in late_window] == [30], late_window  # 29 on time + the late one
 
 
+def _recheck_from_the_page(transcript: Transcript, i: int, browser: Any, port: int) -> None:
+    """What the README says after `make airflow`: sign in with the user and the password file it printed,
+    open the ledger page, "Re-check failed windows" of device_temps, and see the run end. The three windows
+    still hold the reading without a temperature: the run fails at check_quality, its data-quality outcome."""
+    from playwright.sync_api import expect
+
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while not re.search(r"password file: (\S+)", transcript.output(i)) or not _answers(url):
+        assert time.monotonic() < deadline, transcript.describe(i, "did not serve the UI within 300 s")
+        assert _alive(transcript.logs / f"{i}.pid"), transcript.describe(i, "ended")
+        time.sleep(2)
+    printed = transcript.output(i)
+    user = re.search(r"user: (\S+)", printed)
+    password_file = re.search(r"password file: (\S+)", printed)
+    assert user and password_file, transcript.describe(i, "did not print the user and the password file")
+    passwords = json.loads(Path(password_file.group(1)).read_text())
+    page = sign_in(browser, url, user.group(1), passwords[user.group(1)])
+    card = page.locator('article.pipeline[data-pipeline="device_temps"]')
+    card.get_by_role("button", name="Re-check failed windows").click()
+    outcome = card.locator(".outcomes li")
+    expect(outcome).to_have_attribute("data-status", "ok")
+    expect(outcome).to_have_attribute("data-run-state", re.compile("success|failed"), timeout=900_000)
+    assert outcome.get_attribute("data-run-state") == "failed", outcome.inner_text()
+    expect(outcome.locator("[data-failed-task]")).to_have_attribute("data-failed-task", "check_quality")
+    expect(outcome).to_contain_text("windows still fail their checks")
+    page.close()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/api/v2/version", timeout=5, trust_env=False).status_code in (200, 401)
+    except httpx.HTTPError:
+        return False
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def _stop(pid_file: Path) -> None:
+    """Ctrl-C to `make airflow`'s session, as a terminal sends it; whatever is left after a minute is killed."""
+    if not pid_file.exists():
+        return
+    pgid = int(pid_file.read_text())
+    for sig, wait in ((signal.SIGINT, 60), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, sig)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(1)
+
+
 def test_shell_commands_are_read_as_a_user_pastes_them() -> None:
     """Comments go, continuation lines stay one command, and a comment may announce the exit code."""
     block = ("# a comment line\nsluice run x --now T   # ingest; exits 2 (below)\n\n"
@@ -240,3 +338,36 @@ def test_new_pipeline_creates_and_prints_the_landing_folder_of_its_stream(tmp_pa
     done = new("other_temps", "--stream", "readings")
     assert done.returncode == 1 and "stream 'readings' is already declared in" in done.stderr, done.stderr
     assert not (tmp_path / "pipes" / "other_temps.py").exists()
+
+
+def test_the_readme_is_a_newcomers_first_hour() -> None:
+    """Issue 53: what sluice is, the two commands, the tutorial, operations and links to the reference, in
+    under about 400 lines; the details live in docs/ (each link to a doc file points at one that exists)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 400, f"README.md has {len(text.splitlines())} lines: move details to docs/"
+    for target in re.findall(r"\]\(((?:docs|bench)/[^)#]+)", text):
+        assert (REPO / target).is_file(), f"README links {target}, which does not exist"
+
+
+def test_the_readme_shows_what_make_run_prints(tmp_path: Path) -> None:
+    """Issue 53: the README's `make run` row is what `make run` prints for impressions. The demo's day is
+    generated (no Spark here), and the generator's manifest is exact: it says what ingest makes of every
+    line (tests/test_generate.py holds it to that), so the row's counts and last arrival must be its."""
+    from sluice.config import load_settings
+    from sluice_tools.generate import GenerateOptions, generate
+
+    two_commands = section("Two commands")
+    [row] = [line.split() for line in two_commands.splitlines() if line.startswith("impressions ")]
+    settings = load_settings(without_settings(os.environ), home=tmp_path / "home")
+    # What sluice_tools.demo.run_demo generates.
+    manifest = generate(tmp_path / "incoming", GenerateOptions(hours=24, idle_gap_minutes=45),
+                        specs=settings.streams)
+    impressions = manifest.streams["impressions"]
+    totals = manifest.totals()["impressions"]
+    quarantined = sum(totals.get(reason, 0) for reason in QUARANTINE_REASONS)
+    assert impressions.last_arrival is not None
+    expected = [str(n) for n in (impressions.lines, impressions.accepted, quarantined, impressions.late,
+                                 impressions.duplicates)]
+    assert row[1:6] == expected, f"README shows {row[1:6]}; make run prints {expected}"
+    assert row[-2:] == [impressions.last_arrival.strftime("%Y-%m-%d"),
+                        impressions.last_arrival.strftime("%H:%M:%SZ")], row

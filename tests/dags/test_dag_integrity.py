@@ -63,6 +63,11 @@ def test_pipeline_dag_matches_its_definition(dagbag: Any, pipeline: str) -> None
     # Both gold-writing paths emit through the pipeline's alias: an event only for a run that changed a window.
     alias = [AssetAlias(f"sluice_{pipeline}_gold", group="sluice")]
     assert dag.get_task("run_cycle").outlets == alias and dag.get_task("reprocess_interval").outlets == alias
+    # The gold Assets are known to Airflow as check_quality's inlets (it reads them), so that the alias's events
+    # find them: without, each event logs "AssetModel ... not found; cannot create asset event" (issue 53).
+    from sluice.airflow.factory import gold_assets
+
+    assert dag.get_task("check_quality").inlets == gold_assets(definition)
     assert dag.get_task("run_cycle").clock_from_data_interval
     assert dag.get_task("check_quality").clock_from_data_interval
     assert not dag.get_task("reprocess_interval").clock_from_data_interval  # a backfill runs now

@@ -26,7 +26,7 @@ import httpx
 import psutil
 import pytest
 
-from sluice.platform.launcher import Platform
+from sluice.platform.launcher import LOG_SERVER, Platform
 from sluice.platform.topology import TOPOLOGY
 from support.lake import read_rows
 from support.shell import as_the_user
@@ -60,6 +60,21 @@ def _recorded(root: Path) -> dict[str, psutil.Process]:
         running = platform.daemon(name).running()  # the recorded process, if it is still that one
         if running is not None:
             found[name] = running[0]
+    return found
+
+
+def _listening(platform: Platform) -> list[tuple[str, str, int]]:
+    """(process, address, port) of every TCP socket in LISTEN state held by a recorded process of the platform
+    or by a process it started."""
+    processes = []
+    for name in [*TOPOLOGY.services, LOG_SERVER]:
+        running = platform.daemon(name).running()
+        if running is not None:
+            processes += [running[0], *running[0].children(recursive=True)]
+    found = []
+    for p in processes:
+        found += [(" ".join(p.cmdline())[:120], c.laddr.ip, c.laddr.port)
+                  for c in p.net_connections(kind="tcp") if c.status == psutil.CONN_LISTEN]
     return found
 
 
@@ -101,6 +116,13 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
 
     running = _recorded(platform_dir)
     assert sorted(running) == sorted(TOPOLOGY.services), running
+    # Nothing of it listens beyond loopback (the scheduler's task log server included).
+    listening = _listening(platform)
+    assert {platform.port(name) for name in ("postgres", "s3", "api_server", "log_server")} <= \
+        {port for _, _, port in listening}, listening
+    assert [entry for entry in listening if entry[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")] == []
+    log_server = platform.daemon(LOG_SERVER).running()
+    assert log_server is not None
 
     # PostgreSQL is Airflow's metadata database.
     import psycopg2
@@ -148,7 +170,8 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     down = _make("platform-down", platform_dir, timeout=300)
     assert down.returncode == 0, down.stderr[-4000:]
     assert all(name in down.stdout for name in TOPOLOGY.services), down.stdout
-    assert not _left_behind(platform_dir, running), _left_behind(platform_dir, running)
+    everything = {**running, LOG_SERVER: log_server[0]}
+    assert not _left_behind(platform_dir, everything), _left_behind(platform_dir, everything)
     assert _recorded(platform_dir) == {}
 
 
@@ -159,7 +182,7 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     api = Api(platform)
     pipelines = ("ad_clicks_hourly", "user_activity_hourly")
     # The scheduler ran the runs: every manual and backfill run finished, and each one's Spark task succeeded
-    # (a run may still fail on purpose: send_alerts fails it when a window failed its checks).
+    # (a run may still fail on purpose: check_quality fails it when a window failed its checks).
     with_work, in_flight = 0, 0
     for dag_id in pipelines:
         runs = api.runs(dag_id)
@@ -179,7 +202,7 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
             tasks = api.task_states(dag_id, run["dag_run_id"])
             assert run["state"] in ("success", "failed") and "failed" not in {
                 tasks.get("choose_path"), tasks.get("run_cycle"), tasks.get("reprocess_interval"),
-                tasks.get("check_quality")}, (dag_id, run, tasks)
+                tasks.get("send_alerts")}, (dag_id, run, tasks)
     # On the cluster, one application per DAG run that has work (issue 13): its cycle or its backfill, which
     # also validates the windows it closed; check_quality finds none left and starts no Spark. (Read after
     # the runs: a run still going may have finished its application already.)

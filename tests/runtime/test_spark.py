@@ -70,3 +70,18 @@ def test_a_cluster_whose_workers_hold_the_jars_is_shipped_none(tmp_path: Path) -
 
     with pytest.raises(ConfigError, match=r"SLUICE_EXECUTOR_JARS.*absolute folder.*/opt/sluice-jars"):
         load_settings({"SLUICE_EXECUTOR_JARS": "jars"}, home=tmp_path)
+
+
+@pytest.mark.spark
+def test_a_local_session_listens_on_loopback_only(spark: SparkSession) -> None:
+    """Issue 53: nothing sluice starts listens beyond loopback unless asked. The suite's session is the one
+    get_spark builds for local mode; its driver JVM (and every other process this test process started: the
+    S3 server, ...) listens on 127.0.0.1 only, where Spark would take the machine's first address."""
+    import psutil
+
+    assert spark.conf.get("spark.driver.bindAddress") == "127.0.0.1"
+    children = psutil.Process().children(recursive=True)
+    listening = [(p.name(), c.laddr.ip, c.laddr.port) for p in children for c in p.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN]
+    assert any(name == "java" for name, _ip, _port in listening), "the session's JVM listens on something"
+    assert all(ip in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for _name, ip, _port in listening), listening

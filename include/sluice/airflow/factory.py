@@ -230,6 +230,9 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
             return super().execute(context)
         # The provider would fall back to YARN; sluice's contract is local mode.
         log.info("connection %r is not defined: running Spark in %s", self.spark_conn_id, LOCAL_MASTER)
+        if not self.env_vars.get("SPARK_LOCAL_IP", os.environ.get("SPARK_LOCAL_IP")):
+            # A local driver serves no one else: loopback only (as sluice's own sessions, runtime.spark).
+            self.conf = {"spark.driver.bindAddress": "127.0.0.1", "spark.driver.host": "127.0.0.1", **self.conf}
         with local_spark_connection(self.spark_conn_id):
             return super().execute(context)
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.airflow.standalone import LOOPBACK_HOSTNAME
 from sluice.platform.processes import Daemon, PlatformError, free_port, listening, wait_until
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
@@ -39,6 +40,9 @@ from sluice.platform.topology import TOPOLOGY, Topology
 FROM_THE_CALLER = ("JAVA_HOME", "SPARK_SUBMIT_OPTS", "JDK_JAVA_OPTIONS")
 _DIRECT = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # nothing between us and 127.0.0.1
 S3_ACCESS_KEY = "sluice-platform"
+# The scheduler's log server: Airflow's own listens on every interface, this one on 127.0.0.1 only
+# (sluice.airflow.standalone.serve_logs). A process of the launcher, not a service of the topology.
+LOG_SERVER = "airflow-log-server"
 
 
 def _get_json(url: str) -> Any:
@@ -157,6 +161,8 @@ class Platform:
             # The scheduler signs the tasks' tokens and the api-server checks them: one secret for both.
             "AIRFLOW__API_AUTH__JWT_SECRET": self.secret("jwt"),
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(self.port("log_server")),
+            # The api-server fetches a running task's log from http://<its hostname>:<log_server>, on 127.0.0.1.
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": LOOPBACK_HOSTNAME,
             "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": str(self.schedules),
             # The pipeline DAGs' Spark tasks go to the cluster (SPEC section 7: spark_default when defined).
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
@@ -316,7 +322,8 @@ class Platform:
         passwords.chmod(0o600)
         airflow = str(Path(sys.executable).parent / "airflow")
         components = [self.daemon(f"airflow-{component}") for component in self.topology.airflow_components]
-        if all(daemon.alive() for daemon in components):
+        log_server = self.daemon(LOG_SERVER)
+        if all(daemon.alive() for daemon in [*components, log_server]):
             return  # running on a database they migrated when they started: nothing to do twice
         migrate = subprocess.run([airflow, "db", "migrate"], env=env, capture_output=True, text=True,
                                  check=False, timeout=900)
@@ -324,8 +331,11 @@ class Platform:
             raise PlatformError(f"airflow db migrate failed ({migrate.returncode}):\n{migrate.stderr[-4000:]}")
         for component, daemon in zip(self.topology.airflow_components, components, strict=True):
             if not daemon.alive():
-                args = ["--workers", "1"] if component == "api-server" else []
+                args = {"api-server": ["--workers", "1"], "scheduler": ["--skip-serve-logs"]}.get(component, [])
                 daemon.spawn([airflow, component, *args], env, cwd=self.root)
+        if not log_server.alive():
+            log_server.spawn([sys.executable, "-m", "sluice.airflow.standalone", "--serve-logs"], env, cwd=self.root)
+        wait_until(lambda: listening(self.port("log_server")), log_server, "task log server")
         api = self.daemon("airflow-api-server")
         wait_until(self.api_healthy, api, "healthy api-server", timeout=300)
 
@@ -350,7 +360,7 @@ class Platform:
     def down(self) -> list[str]:
         """Stop every recorded service, the last started first; return the names of those that were running."""
         stopped = []
-        for name in reversed(self.topology.services):
+        for name in [LOG_SERVER, *reversed(self.topology.services)]:
             daemon = self.daemon(name)
             if daemon.alive():
                 stopped.append(name)

@@ -1,7 +1,7 @@
-"""Daemons of the platform: started in sessions of their own, logged to ``<root>/logs/<name>.log`` and
-recorded in ``<root>/run/<name>.json`` (pid, process group, start time), so that ``make platform-down`` stops
-exactly what ``make platform`` started, by pid, and nothing else: a recorded pid that now belongs to another
-process (the same pid, a different start time) is left alone."""
+"""Daemons of the platform (and of ``make airflow``): started in sessions of their own, logged to
+``<root>/logs/<name>.log`` and recorded in ``<root>/run/<name>.json`` (pid, process group, start time), so that
+``make platform-down`` stops exactly what ``make platform`` started, by pid, and nothing else: a recorded pid that
+now belongs to another process (the same pid, a different start time) is left alone."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,14 +53,14 @@ class Daemon:
     def log_tail(self, chars: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-chars:] if self.log.exists() else f"(no log at {self.log})"
 
-    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> int:
+    def spawn(self, argv: Sequence[str], env: Mapping[str, str], cwd: Path | None = None) -> subprocess.Popen[bytes]:
         """Start ``argv`` in a session of its own (so that stopping it stops what it started) and record it."""
         self.log.parent.mkdir(parents=True, exist_ok=True)
         with self.log.open("ab") as out:
             proc = subprocess.Popen(list(argv), env=dict(env), cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, start_new_session=True)
         self.adopt(proc.pid)
-        return proc.pid
+        return proc
 
     def adopt(self, pid: int) -> None:
         """Record a process that another program started (``pg_ctl``, ``spark-daemon.sh``)."""
@@ -90,18 +90,31 @@ class Daemon:
 
     def stop(self, timeout: float = 30) -> None:
         """SIGTERM to the recorded process group, then SIGKILL to what is left of it; forget the record."""
-        found = self.running()
-        if found is not None:
-            process, pgid = found
-            group = [p for p in psutil.process_iter() if _pgid(p) == pgid] or [process]
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                for p in group:
-                    with contextlib.suppress(psutil.Error):
-                        p.send_signal(sig)
-                _, group = psutil.wait_procs(group, timeout=timeout)
-                if not group:
-                    break
-        self.record.unlink(missing_ok=True)
+        stop_all([self], timeout)
+
+
+def stop_all(daemons: Iterable[Daemon], timeout: float = 30) -> None:
+    """Stop the recorded daemons at once: SIGTERM to each one's process group and to every process it started
+    (a task's process may be in a group of its own), then, after ``timeout``, SIGKILL to what is left; forget
+    the records."""
+    daemons = list(daemons)
+    found = [running for daemon in daemons if (running := daemon.running()) is not None]
+    groups = {pgid for _, pgid in found}
+    targets = {p for p in psutil.process_iter() if _pgid(p) in groups}
+    for process, _ in found:
+        targets.add(process)
+        with contextlib.suppress(psutil.Error):
+            targets.update(process.children(recursive=True))
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for p in targets:
+            with contextlib.suppress(psutil.Error):
+                p.send_signal(sig)
+        _, alive = psutil.wait_procs(list(targets), timeout=timeout)
+        targets = set(alive)
+        if not targets:
+            break
+    for daemon in daemons:
+        daemon.record.unlink(missing_ok=True)
 
 
 def _pgid(process: psutil.Process) -> int | None:

@@ -31,6 +31,9 @@ def require_java() -> None:
     )
 
 
+LOOPBACK = "127.0.0.1"
+
+
 def get_spark(settings: Settings, app_name: str = "sluice", master: str | None = None) -> SparkSession:
     """Get or create the SparkSession for this process.
 
@@ -48,6 +51,10 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
     # whose JVM already runs and got its Java options from spark-submit's own --conf).
     starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
     options = {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}
+    if starts_jvm and (master or settings.spark_master).startswith("local") and not os.environ.get("SPARK_LOCAL_IP"):
+        # A local session serves no one else: its driver (RPC, block manager) listens on loopback only, where
+        # Spark would take the machine's first address and be reachable from the network.
+        options.update({"spark.driver.bindAddress": LOOPBACK, "spark.driver.host": LOOPBACK})
     for key, value in options.items():
         builder = builder.config(key, value)
     if starts_jvm:

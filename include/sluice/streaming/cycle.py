@@ -25,7 +25,7 @@ from sluice.core.windows import Window
 from sluice.ingest.accounting import accounting_table
 from sluice.ingest.landing import run_ingest
 from sluice.ingest.state import BatchRow
-from sluice.ingest.time_rules import all_late, all_late_message
+from sluice.ingest.time_rules import all_late, all_late_message, arrived_after, arrived_after_message
 from sluice.quality.checker import QualityChecker, QualityReport, merged_reports, raise_alert
 from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
@@ -70,6 +70,9 @@ class CycleResult:
         parts = [head, accounting_table(self.settings, streams)]
         parts += [f"warning: {stream}: {all_late_message(row)}" for stream, rows in self.batches.items()
                   for row in rows if all_late(row)]
+        future = arrived_after(self.batches, self.settings.now())
+        if future:
+            parts.append(f"warning: {arrived_after_message(future, self.settings.now())}")
         waiting = streams_without_files(self.settings, self.settings.pipeline(self.pipeline))
         if waiting:
             parts.append(f"warning: no window of {self.pipeline} can close until {', '.join(waiting)} "
