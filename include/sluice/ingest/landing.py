@@ -47,6 +47,7 @@ from sluice.config import Settings
 from sluice.core.lake import credentials_for
 from sluice.core.model import StreamSpec
 from sluice.core.progress import nothing, progress
+from sluice.ingest.declarations import check_declaration
 from sluice.ingest.files import (
     LANDING_GLOB,
     LANDING_READ_OPTIONS,
@@ -318,6 +319,11 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
     many, over all its streams."""
     out = {}
+    # Every stream's declaration first: a change that would change what ingested records mean is refused
+    # before any stream of the cycle writes anything (SPEC 9).
+    for name in streams:
+        spec = ctx.settings.stream(name)
+        check_declaration(spec, ctx.state, tables.bronze(spec).path(ctx.settings))
     for name in streams:
         spec = ctx.settings.stream(name)
         with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
