@@ -18,7 +18,9 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings, load_settings
 from sluice.ingest.state import load_state
 from sluice.runtime.context import open_run
+from sluice.storage.state import lake_state
 from sluice.streaming.backfill import run_backfill
+from sluice.streaming.definitions import fingerprints, pipeline_definitions, recorded
 from sluice.windows.ledger import read_ledger
 from support.lake import cycle, land, table
 from support.tutorial import write_tutorial
@@ -142,6 +144,10 @@ def test_own_pipeline_closes_every_window_even_when_its_filter_hides_the_heartbe
     assert {r.state for w, r in ledger.items() if w not in with_null} == {"validated"}
     for w in ledger:
         assert ledger[w].closed_by_watermark is not None and ledger[w].closed_by_watermark >= w[1]
+    # SPEC 9: every window names the definition that built it, kept readable beside the checkpoints.
+    definitions = pipeline_definitions(spark, second, second.pipeline("device_temps"))
+    assert {r.definition for r in ledger.values()} == {fingerprints(definitions)}
+    assert recorded(lake_state(second), "device_temps") == definitions
     alerts = table(second, "ops/alerts")
     assert sorted((a["window_start"], a["window_end"]) for a in alerts) == sorted(with_null)
     dq = [r for r in table(second, "ops/dq_results") if (r["window_start"], r["window_end"]) in with_null]
@@ -158,6 +164,7 @@ def test_own_pipeline_closes_every_window_even_when_its_filter_hides_the_heartbe
         result = run_backfill(open_run(third, spark), "device_temps", at("09:50"), at("10:15"), deliver_alerts=False)
         assert result.windows == [w for w in hopping("10:05", "10:25") if expected(w)]
         assert sorted(map(str, table(third, "gold/device_temps"))) == before
+    assert {r.definition for r in read_ledger(third, "device_temps")} == {fingerprints(definitions)}
 
 
 def test_typed_fields_keep_their_types_and_bad_values_are_quarantined(spark: SparkSession, home: Settings) -> None:

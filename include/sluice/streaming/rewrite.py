@@ -30,6 +30,7 @@ from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_snapshot
+from sluice.streaming.definitions import fingerprints, pipeline_definitions, record
 from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 from sluice.windows.late import waiting_detail
 from sluice.windows.ledger import LedgerRow, format_gold_versions, join_detail, next_version, split_detail
@@ -258,16 +259,19 @@ class Backfill:
         now = self.settings.now()
         name = self.request.pipeline.name
         existing = self.ledger.by_window()
+        definitions = pipeline_definitions(self.spark, self.settings, self.request.pipeline)
         rows = []
         for window in result.windows:
             row = existing.get(window) or LedgerRow(name, window[0], window[1], "reprocessed", None, 0, 0, now, now)
             row.state = "reprocessed"
             row.updated_at = now
+            row.definition = fingerprints(definitions)
             row.gold_versions = format_gold_versions(result.gold_versions)
             if self.request.include_late:
                 row.late_waiting = 0  # gold now holds every late record the DLQ had
             rows.append(row)
         self.ledger.reprocess(self.engine, rows, app_id=self._ledger_app())
+        record(self.ctx.state, name, definitions)
 
     def _ledger_app(self) -> str:
         return f"{self.commits.ledger_app}.{self.request.pipeline.name}"

@@ -61,6 +61,7 @@ from sluice.streaming.batch import (
     prepare_input,
     streams_without_files,
 )
+from sluice.streaming.definitions import OutputDefinition, fingerprints, pipeline_definitions, record
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version
 
 log = logging.getLogger("sluice.aggregate")
@@ -89,6 +90,13 @@ class PipelineRunner:
         self._turnstile = Turnstile(len(pipeline.outputs))
         # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
         self._boundary: datetime | None = None
+        self._definitions: dict[str, OutputDefinition] | None = None
+
+    def definitions(self) -> dict[str, OutputDefinition]:
+        """The outputs' definitions (analysed once per run, when it first writes a window)."""
+        if self._definitions is None:
+            self._definitions = pipeline_definitions(self.spark, self.settings, self.pipeline)
+        return self._definitions
 
     def checkpoint(self, output: OutputDef) -> str:
         """The output's streaming checkpoint (a URI under the lake)."""
@@ -497,6 +505,7 @@ class PipelineRunner:
         existing = self.ledger.by_window()
         late = dlq_counts(self.settings, self.pipeline, list(counts))
         now = self.settings.now()
+        definition = fingerprints(self.definitions())
         rows = []
         for window, n in sorted(counts.items()):
             current = existing.get(window)
@@ -504,6 +513,7 @@ class PipelineRunner:
                 current.rows += n
                 current.late_rows = late.get(window, 0)
                 current.updated_at = now
+                current.definition = definition
                 rows.append(current)
             else:
                 rows.append(
@@ -518,6 +528,8 @@ class PipelineRunner:
                         closed_at=now,
                         updated_at=now,
                         closed_by=airflow_task(),
+                        definition=definition,
                     )
                 )
         self.ledger.close(self.engine, rows, app_id=app_id, version=version)
+        record(self.state, self.pipeline.name, self.definitions())

@@ -72,6 +72,9 @@ WINDOW_LEDGER = TableDef(
             # run_id, task_id, try_number; null outside Airflow), for the ledger page's links.
             StructField("closed_by", StringType(), True),
             StructField("validated_by", StringType(), True),
+            # The fingerprints of the output definitions that last wrote the window's gold, one per output
+            # (JSON: {"<output>": "<fingerprint>"}; SPEC 9, sluice.streaming.definitions).
+            StructField("definition", StringType(), True),
         ]
     ),
 )
@@ -102,6 +105,7 @@ class LedgerRow:
     late_in_gold: int = 0
     closed_by: str | None = None
     validated_by: str | None = None
+    definition: str | None = None
 
     @property
     def key(self) -> tuple[str, datetime, datetime]:
