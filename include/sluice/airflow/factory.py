@@ -255,7 +255,8 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
     """The run's last task: its data-quality outcome. It first validates windows a failed or interrupted
     cycle left closed but unchecked (``sluice check`` through spark-submit; finding none in the ledger, read
     with delta-rs, it starts no Spark: ``run_cycle`` validates the windows it closes inside its own
-    application) and delivers their alerts. Then it fails (:class:`~sluice.airflow.outcomes.ChecksFailed`,
+    application; not in a backfill run, which leaves every window outside its interval as it is) and
+    delivers their alerts. Then it fails (:class:`~sluice.airflow.outcomes.ChecksFailed`,
     no retry) when this run found windows that failed their checks, as a failing data check does in
     Airflow, while the Spark task stays green: the job did its work."""
 
@@ -269,8 +270,13 @@ class SluiceCheckOperator(SluiceSparkSubmitOperator):
         from sluice.runtime.context import open_run
 
         found: list[str] = []
-        pending = open_run(task_settings()).ledger(self.pipeline).pending()
-        if pending:
+        dag_run = context.get("dag_run")
+        run_type = str(getattr(getattr(dag_run, "run_type", None), "value", getattr(dag_run, "run_type", "")))
+        # A backfill run rewrites the windows of its own interval and leaves every other window as it is.
+        pending = [] if run_type == BACKFILL_RUN_TYPE else open_run(task_settings()).ledger(self.pipeline).pending()
+        if run_type == BACKFILL_RUN_TYPE:
+            log.info("backfill run: only the windows of its interval are checked (by reprocess_interval)")
+        elif pending:
             log.info("%d window(s) of %s closed but not validated (from %s); validating them", len(pending),
                      self.pipeline, rfc3339(min(pending)[0]))
             super().execute(context)
