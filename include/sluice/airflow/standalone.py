@@ -31,14 +31,13 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sluice.platform.processes import Daemon, free_port, stop_all
+from sluice.platform.processes import LOOPBACK_HOSTNAME, Daemon, free_port, stop_all
 
 # name: the ``airflow`` command. The log server (LOG_SERVER) serves the scheduler's and the triggerer's logs.
 COMPONENTS = {"api-server": ["api-server"], "scheduler": ["scheduler", "--skip-serve-logs"],
               "dag-processor": ["dag-processor"], "triggerer": ["triggerer", "--skip-serve-logs"]}
 LOG_SERVER = "log-server"
 # [core] hostname_callable of the components sluice starts (see loopback_hostname).
-LOOPBACK_HOSTNAME = "sluice.airflow.standalone.loopback_hostname"
 READY_WITHIN_S = 300
 STOP_WITHIN_S = 30  # then SIGKILL: on SIGTERM, a task only runs its operator's on_kill() and goes on
 # Every Airflow component imports svcs, which imports starlette's test client, which warns that it wants httpx2.

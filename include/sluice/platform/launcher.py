@@ -29,8 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from sluice.airflow.standalone import LOOPBACK_HOSTNAME
-from sluice.platform.processes import Daemon, PlatformError, free_port, listening, wait_until
+from sluice.platform.processes import LOOPBACK_HOSTNAME, Daemon, PlatformError, free_port, listening, wait_until
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
 

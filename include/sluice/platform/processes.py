@@ -18,6 +18,10 @@ from pathlib import Path
 
 import psutil
 
+# Airflow's [core] hostname_callable for the processes sluice starts: tasks report 127.0.0.1, so the
+# api-server fetches a running task's log over loopback (the function is sluice.airflow.standalone's).
+LOOPBACK_HOSTNAME = "sluice.airflow.standalone.loopback_hostname"
+
 
 def free_port() -> int:
     with socket.socket() as s:

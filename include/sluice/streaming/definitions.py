@@ -23,6 +23,7 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.core.model import OutputDef, PipelineDef
+from sluice.core.timeutil import format_duration
 from sluice.ingest.declarations import Declaration
 from sluice.storage.state import LakeState
 from sluice.streaming.batch import empty_inputs, gold_rows
@@ -71,15 +72,9 @@ class OutputDefinition:
 
 def window_text(pipeline: PipelineDef) -> str:
     size, slide = pipeline.window.size, pipeline.window.slide
-    return f"{_span(size)} tumbling" if slide == size else f"{_span(size)} every {_span(slide)}"
-
-
-def _span(value: Any) -> str:
-    seconds = int(value.total_seconds())
-    for unit, length in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds and seconds % length == 0:
-            return f"{seconds // length}{unit}"
-    return f"{seconds}s"
+    if slide == size:
+        return f"{format_duration(size)} tumbling"
+    return f"{format_duration(size)} every {format_duration(slide)}"
 
 
 def _check_text(check: Any) -> str:
@@ -98,7 +93,7 @@ def output_definition(spark: SparkSession, settings: Settings, pipeline: Pipelin
         columns=tuple((f.name, f.dataType.simpleString()) for f in frame.schema.fields),
         window=window_text(pipeline),
         keys=tuple(output.keys),
-        lateness_bound=_span(pipeline.lateness_bound) if pipeline.lateness_bound else "0",
+        lateness_bound=format_duration(pipeline.lateness_bound) if pipeline.lateness_bound else "0",
         checks=tuple(_check_text(c) for c in output.checks),
         streams=tuple((s, Declaration.of(settings.stream(s)).to_json()) for s in sorted(pipeline.streams)),
     )
