@@ -152,7 +152,7 @@ def test_status_on_a_missing_home_warns_naming_the_path_and_still_reports(tmp_pa
 # -- --json --------------------------------------------------------------------------------------------------
 
 STATUS_KEYS = ["now", "home", "home_exists", "lake", "landing", "pipelines_path", "warnings", "streams",
-               "pipelines", "failed_windows", "unreadable_files", "load_errors", "tables"]
+               "pipelines", "failed_windows", "unreadable_files", "older_definitions", "load_errors", "tables"]
 
 
 def test_status_json_is_one_document_with_stable_keys(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from typing import Any, NoReturn
 from sluice.alerting.alert import KINDS
 from sluice.cli.alert_commands import cmd_alerts
 from sluice.cli.common import EXIT_USAGE
-from sluice.cli.pipeline_commands import cmd_new_pipeline, cmd_pipelines
+from sluice.cli.pipeline_commands import cmd_new_pipeline, cmd_pipelines, cmd_plan
 from sluice.cli.quarantine_commands import cmd_quarantine
 from sluice.cli.run_commands import cmd_check, cmd_demo, cmd_generate, cmd_ingest, cmd_run
 from sluice.cli.window_commands import cmd_backfill, cmd_retry, cmd_status
@@ -28,6 +28,7 @@ Airflow runs the same code on a schedule; this command runs it by hand."""
 EPILOG = """\
 examples:
   sluice pipelines                               what is registered: streams, windows, checks
+  sluice plan device_temps                       what an edit to a pipeline changes, before it runs
   sluice run device_temps                        one full cycle: ingest, aggregate, check
   sluice run device_temps --now 2024-05-01T07:00:00Z
   sluice backfill device_temps --start 2024-05-01T02:00:00Z --end 2024-05-01T05:00:00Z
@@ -50,7 +51,7 @@ exit codes:
   64  wrong usage: unknown command or option, missing or invalid argument
 
 `sluice <command> --help` shows a command's options. Add --json to status, run, backfill,
-retry, check, pipelines, alerts or quarantine for one JSON document on stdout (logs stay on
+retry, check, pipelines, plan, alerts or quarantine for one JSON document on stdout (logs stay on
 stderr)."""
 
 
@@ -311,6 +312,21 @@ def build_parser() -> argparse.ArgumentParser:
     pipelines.add_argument("--strict", action="store_true", help="exit 1 when a pipeline file failed to load")
     _json_option(pipelines)
     pipelines.set_defaults(func=cmd_pipelines)
+
+    plan = _command(
+        sub, "plan", "what a change to a pipeline file changes, and what the next run will do about it",
+        "Per output, its definition now (Spark's analyzed plan of build over the declared streams, the\n"
+        "window, keys, lateness bound, checks and stream declarations) against the one its gold was last\n"
+        "built with: columns added, removed or retyped, and each other change before -> after. Then what\n"
+        "the next run does, as on_change says: rebuild the closed windows (which, over which range), go\n"
+        "forward, or refuse. A comment-only edit is no change. Starts no Spark job; writes nothing.",
+        "  sluice plan device_temps\n  sluice plan --json | jq '.pipelines[].outputs[].next_run'",
+        exit_codes="  0   the plan was printed, whether or not anything changed\n"
+                   "  1   the command failed (a pipeline file that does not load, an unknown pipeline)",
+    )
+    plan.add_argument("pipeline", nargs="?", help="one pipeline (default: every registered pipeline)")
+    _json_option(plan)
+    plan.set_defaults(func=cmd_plan)
 
     alerts = _command(
         sub, "alerts", "list alerts recorded but not sent yet (--all: the history); --deliver sends them",

@@ -1,5 +1,5 @@
-"""The commands about the pipelines folder: ``pipelines`` lists what it registers, ``new-pipeline`` scaffolds
-a pipeline file."""
+"""The commands about the pipelines folder: ``pipelines`` lists what it registers, ``plan`` what an edit to a
+pipeline changes (SPEC 9), ``new-pipeline`` scaffolds a pipeline file."""
 
 from __future__ import annotations
 
@@ -18,6 +18,18 @@ def cmd_pipelines(args: argparse.Namespace) -> Output:
     if args.json:
         return Output(code, "", registry_data(settings))
     return Output(code, describe_registry(settings), {})
+
+
+def cmd_plan(args: argparse.Namespace) -> Output:
+    from sluice.runtime.context import open_run
+    from sluice.streaming.changes import plan_pipeline
+
+    settings = settings_of(args, writes=False)
+    names = [args.pipeline] if args.pipeline else sorted(settings.registry.pipelines)
+    pipelines = [settings.pipeline(name) for name in names]  # an unknown name fails before any JVM starts
+    ctx = open_run(settings, app_name="sluice-plan")
+    plans = [plan_pipeline(ctx, pipeline) for pipeline in pipelines]
+    return Output(EXIT_OK, "\n".join(p.render() for p in plans), {"pipelines": [p.to_json() for p in plans]})
 
 
 def cmd_new_pipeline(args: argparse.Namespace) -> int:

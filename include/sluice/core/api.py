@@ -32,6 +32,15 @@ if TYPE_CHECKING:
 
 FIELD_TYPES = ("string", "long", "double", "boolean", "timestamp")
 CORRECTION_POLICIES = ("manual", "auto")
+# What a run does with an output whose definition changed since its gold was built (SPEC 9): recompute every
+# closed window with the new definition, keep the closed windows as they are and use the new one from now on,
+# or refuse.
+ON_CHANGE = ("rebuild", "forward", "fail")
+
+
+def _on_change(owner: str, value: object) -> None:
+    if value not in ON_CHANGE:
+        raise DefinitionError(f"{owner}: on_change must be one of {', '.join(ON_CHANGE)}, got {value!r}")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _COLUMN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Columns sluice adds to bronze and DLQ rows; a stream field of the same name would collide with them.
@@ -137,13 +146,15 @@ class Output:
     """One gold table, ``gold/<name>``: the rows ``build(inputs, window)`` returns, one per window and key.
 
     ``build`` returns a ``window`` column (from ``window.column(<time column>)``), the key column(s) and
-    the metrics. ``checks`` run on every closed window of this output.
+    the metrics. ``checks`` run on every closed window of this output. ``on_change`` (default: the pipeline's)
+    says what a run does once its definition changed (SPEC 9).
     """
 
     name: str
     build: Build
     key: str | Sequence[str]
     checks: Sequence[Check] = ()
+    on_change: str | None = None
 
     def __post_init__(self) -> None:
         _name("output", self.name)
@@ -159,6 +170,8 @@ class Output:
                 raise DefinitionError(f"Output {self.name!r}: {check!r} is not a check; use sluice.checks."
                                       "completeness/between/not_null")
         object.__setattr__(self, "checks", checks)
+        if self.on_change is not None:
+            _on_change(f"Output {self.name!r}", self.on_change)
 
     @property
     def keys(self) -> tuple[str, ...]:
@@ -198,6 +211,8 @@ class Pipeline:
     corrections: str = "manual"
     max_age: str | timedelta | float = "7d"
     freshness_grace: str | timedelta | float = "1h"
+    # What a run does with an output whose definition changed (SPEC 9); an Output's own on_change wins.
+    on_change: str = "rebuild"
     window_size: timedelta = field(init=False, repr=False)
     window_hop: timedelta | None = field(init=False, repr=False)
 
@@ -234,6 +249,7 @@ class Pipeline:
             raise DefinitionError(
                 f"{owner}: corrections must be one of {', '.join(CORRECTION_POLICIES)}, got {self.corrections!r}"
             )
+        _on_change(owner, self.on_change)
         object.__setattr__(self, "max_age", _duration(owner, "max_age", self.max_age))
         object.__setattr__(self, "freshness_grace", _duration(owner, "freshness_grace", self.freshness_grace))
 

@@ -79,6 +79,7 @@ class OutputDef:
     build: Build
     keys: tuple[str, ...]
     checks: tuple[Check, ...] = ()
+    on_change: str = "rebuild"  # SPEC 9: rebuild, forward or fail
 
     @property
     def table_name(self) -> str:
@@ -126,7 +127,8 @@ class PipelineDef:
         return cls(
             name=pipeline.name,
             streams=pipeline.stream_names,
-            outputs=tuple(OutputDef(o.name, o.build, o.keys, tuple(o.checks)) for o in pipeline.outputs),
+            outputs=tuple(OutputDef(o.name, o.build, o.keys, tuple(o.checks), o.on_change or pipeline.on_change)
+                         for o in pipeline.outputs),
             window=WindowSpec(pipeline.window_size, pipeline.window_hop),
             lateness_bound=pipeline.lateness_bound,  # type: ignore[arg-type]  # parsed by Pipeline
             schedule=pipeline.schedule,

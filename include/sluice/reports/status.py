@@ -8,6 +8,7 @@ after (``gold_versions``): the window's rows only, read on the driver with delta
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -82,6 +83,27 @@ def unreadable_files(settings: Settings, streams: list[str]) -> list[tuple[str, 
     ]
 
 
+def older_definitions(settings: Settings) -> list[dict[str, Any]]:
+    """Per output, the closed windows built by an earlier definition than the one recorded now (an output that
+    went forward, SPEC 9): how many, and the range they span. ``sluice backfill`` of a range upgrades them."""
+    from sluice.storage.state import lake_state
+    from sluice.streaming.definitions import recorded_outputs
+
+    state = lake_state(settings)
+    out = []
+    for pipeline in sorted(settings.registry.pipelines):
+        current = recorded_outputs(state, pipeline)
+        rows = Ledger(settings, pipeline).rows
+        for output, kept in sorted(current.items()):
+            older = sorted(r.window for r in rows if r.definition is not None
+                           and json.loads(r.definition).get(output, kept.definition.fingerprint)
+                           != kept.definition.fingerprint)
+            if older:
+                out.append({"pipeline": pipeline, "output": output, "windows": len(older),
+                            "current": kept.definition.fingerprint, "from": older[0][0], "to": older[-1][1]})
+    return out
+
+
 def render_status(settings: Settings) -> str:
     streams = list(settings.streams)
     out = [
@@ -111,6 +133,12 @@ def render_status(settings: Settings) -> str:
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]
+    older = older_definitions(settings)
+    if older:
+        out += ["", "windows built by an older definition (on_change='forward'; `sluice backfill` of a range "
+                    "upgrades them):"]
+        out += [f"  {o['pipeline']}: {o['windows']} window(s) built by an older definition of gold/{o['output']} "
+                f"({fmt_ts(o['from'])} .. {fmt_ts(o['to'])}); current {o['current']}" for o in older]
     ledger = Ledger(settings).rows
     failed = [r for r in ledger if r.state == "failed"]
     if failed:
@@ -170,6 +198,8 @@ def status_data(settings: Settings) -> dict[str, Any]:
             for r in Ledger(settings).rows if r.state == "failed"
         ],
         "unreadable_files": [{"stream": s, "path": path} for s, path in unreadable_files(settings, streams)],
+        "older_definitions": [{**o, "from": rfc3339(o["from"]), "to": rfc3339(o["to"])}
+                              for o in older_definitions(settings)],
         "load_errors": [{"file": str(e.file), "message": e.message} for e in settings.registry.errors],
         "tables": [{"table": name, "rows": count} for name, count in _table_counts(settings)],
     }

@@ -145,6 +145,21 @@ class DeltaEngine(RowsEngine, Protocol):
         either the old or the new table, never a mix.
         """
 
+    def overwrite(
+        self,
+        df: DataFrame,
+        path: str,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        """Replace the whole table, its schema included, with ``df`` in one commit (a rebuild of a changed
+        output, SPEC 9), idempotently. Returns False when that version was already there."""
+
+    def add_columns(self, path: str, columns: Sequence[tuple[str, str]]) -> None:
+        """Add nullable columns (name, Spark SQL type) to the table's schema; earlier rows read null."""
+
     def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
         """A batch snapshot of the table, pruned to the partitions ``files`` accepts."""
 

@@ -143,10 +143,34 @@ class SparkDeltaEngine:
         chosen = None if files is None else self._partitions(path, files)
         condition = "true" if chosen is None else _any_of(chosen)
         current = self.spark.read.format("delta").load(str(path)).where(condition)
-        rewritten = keep(current).unionByName(df)
+        # A column the table has and ``df`` lacks (an output that went forward without it, SPEC 9) reads null.
+        rewritten = keep(current).unionByName(df, allowMissingColumns=True)
         return _write_in_transaction(
             self.spark, rewritten.localCheckpoint(), str(path), app_id=app_id, version=version,
             user_metadata=_user_metadata(metadata), replace_where=condition)
+
+    def overwrite(
+        self,
+        df: DataFrame,
+        path: str,
+        *,
+        app_id: str,
+        version: int,
+        metadata: Mapping[str, Any] | None = None,
+    ) -> bool:
+        if is_ops_table(path):
+            raise ValueError(f"{path}: the ops tables are rewritten from the driver; use replace_rows()")
+        if self._done(path, app_id, version):
+            return False
+        return _write_in_transaction(self.spark, df, str(path), app_id=app_id, version=version,
+                                     user_metadata=_user_metadata(metadata), overwrite_schema=True)
+
+    def add_columns(self, path: str, columns: Sequence[tuple[str, str]]) -> None:
+        present = set(self.schema(path).fieldNames())
+        wanted = [(name, kind) for name, kind in columns if name not in present]
+        if wanted:
+            listed = ", ".join(f"`{name}` {kind}" for name, kind in wanted)
+            self.spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({listed})")
 
     def read(self, path: str, *, files: PartitionPredicate | None = None) -> DataFrame:
         # delta-spark plans a read of a table from its whole state with stats ("Filtering files for query"):
@@ -248,6 +272,7 @@ def _write_in_transaction(
     version: int,
     user_metadata: str,
     replace_where: str | None = None,
+    overwrite_schema: bool = False,
 ) -> bool:
     """Append ``df`` to the Delta table at ``path``, or replace the rows ``replace_where`` matches with it, in one
     commit with the app transaction ``(app_id, version)``, unless that version is committed already; whether it
@@ -277,7 +302,10 @@ def _write_in_transaction(
     options = {"txnAppId": app_id, "txnVersion": str(version), "userMetadata": user_metadata}
     if replace_where is not None:
         options["replaceWhere"] = replace_where
-    mode = getattr(jvm.org.apache.spark.sql.SaveMode, "Append" if replace_where is None else "Overwrite")
+    if overwrite_schema:  # the whole table, its schema included (no replaceWhere)
+        options["overwriteSchema"] = "true"
+    overwrite = replace_where is not None or overwrite_schema
+    mode = getattr(jvm.org.apache.spark.sql.SaveMode, "Overwrite" if overwrite else "Append")
     no_columns = utils.toSeq([])
     table_log = delta.DeltaLog.forTable(session, path)
     txn = table_log.startTransaction(none, none)

@@ -48,6 +48,7 @@ from sluice.core.windows import EPOCH, Window
 from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
+from sluice.streaming.rebuild import apply_changes
 from sluice.streaming.rewrite import Backfill, BackfillRequest, BackfillResult
 from sluice.windows.late import scan_amendments
 from sluice.windows.ledger import next_version
@@ -176,6 +177,8 @@ def run_backfill(
         # The ledger's late counts up to date first (late records since the last cycle are flagged), so
         # the backfill knows which of its windows have late records waiting and clears exactly those.
         scan_amendments(ctx.ledger(pipeline), engine, ctx.state, request.pipeline)
+        # A changed definition first (SPEC 9): the backfill then rewrites gold of the current definition.
+        apply_changes(ctx, request.pipeline, deliver_alerts=deliver_alerts)
         plan = load_backfill_plan(ctx, request.pipeline)
         if plan is not None and plan.stage != "done":
             if plan.matches(request):

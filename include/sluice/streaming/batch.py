@@ -30,6 +30,7 @@ from sluice.core.windows import WindowSpec
 from sluice.ingest.state import load_state
 from sluice.storage import snapshots, tables
 from sluice.storage.engine import DeltaEngine
+from sluice.storage.state import LakeState
 
 log = logging.getLogger("sluice.aggregate")
 
@@ -56,6 +57,20 @@ def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | No
     """Windows ending at or before this are final: ``W - lateness_bound`` (see the module docstring)."""
     watermark = pipeline_watermark(settings, pipeline)
     return None if watermark is None else watermark - pipeline.lateness_bound
+
+
+CLOSED_THROUGH = "closed_through.json"
+
+
+def closed_through(state: LakeState, pipeline: str) -> datetime | None:
+    """The closing boundary up to which gold holds every final window (written by the batch close, the
+    catch-up's first cycle and a rebuild)."""
+    marker = state.read_json("pipelines", pipeline, CLOSED_THROUGH)
+    return None if marker is None else datetime.fromisoformat(marker["boundary"])
+
+
+def mark_closed_through(state: LakeState, pipeline: str, boundary: datetime) -> None:
+    state.write(json.dumps({"boundary": boundary.isoformat()}), "pipelines", pipeline, CLOSED_THROUGH)
 
 
 def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:

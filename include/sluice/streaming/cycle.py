@@ -31,6 +31,7 @@ from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import streams_without_files
 from sluice.streaming.corrections import CorrectionReport, run_corrections
+from sluice.streaming.rebuild import ChangeReport, apply_changes
 from sluice.streaming.runner import AggregateResult, PipelineRunner
 from sluice.windows.late import scan_amendments
 
@@ -51,6 +52,7 @@ class CycleResult:
     amended: list[Window] = field(default_factory=list)
     corrections: CorrectionReport | None = None
     alerts: AlertTally = field(default_factory=AlertTally)
+    changes: ChangeReport | None = None  # what a changed definition made this cycle do first (SPEC 9)
 
     @property
     def corrected(self) -> list[Window]:
@@ -77,6 +79,8 @@ class CycleResult:
         if waiting:
             parts.append(f"warning: no window of {self.pipeline} can close until {', '.join(waiting)} "
                          f"receive(s) a first file (in {self.settings.landing.join(waiting[0])}/)")
+        if self.changes is not None:
+            parts.extend(self.changes.render())
         if self.aggregate is not None:
             windows = self.aggregate.windows
             closed = ", ".join(f"{s:%m-%d %H:%M}" for s, _e in windows[:6]) + (" ..." if len(windows) > 6 else "")
@@ -123,6 +127,9 @@ def run_cycle(
             raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
         # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
         amended = scan_amendments(ctx.ledger(pipeline), engine, ctx.state, definition)
+        # A changed definition is applied before any window closes under it (SPEC 9): rebuilt, gone forward,
+        # or refused (exit 1, nothing written).
+        changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts)
         runner = PipelineRunner(ctx, definition)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
@@ -140,10 +147,13 @@ def run_cycle(
     for line in alerts.render():
         log.log(logging.WARNING if alerts.unrouted else logging.INFO, "cycle %s: %s", pipeline, line)
     result = CycleResult(pipeline, settings, batches, aggregate, seconds=time.monotonic() - started,
-                         amended=amended, corrections=corrections, alerts=alerts)
+                         amended=amended, corrections=corrections, alerts=alerts, changes=changes)
     if check_quality:
-        # The corrections' own validations belong to this cycle's verdict (exit code 2, the JSON's quality).
+        # The corrections' and a rebuild's own validations belong to this cycle's verdict (exit code 2, the
+        # JSON's quality).
         quality = merged_reports(quality, corrections.quality)
+        if changes is not None:
+            quality = merged_reports(quality, changes.quality)
     result.quality = quality
     result.failed_windows = len(quality.failed) if quality else 0
     return result

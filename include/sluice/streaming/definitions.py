@@ -17,6 +17,7 @@ import hashlib
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -108,17 +109,57 @@ def fingerprints(definitions: Mapping[str, OutputDefinition]) -> str:
     return json.dumps({name: d.fingerprint for name, d in sorted(definitions.items())}, sort_keys=True)
 
 
-def record(state: LakeState, pipeline: str, definitions: Mapping[str, OutputDefinition]) -> None:
-    """Keep the definitions gold was built with beside the pipeline's checkpoints (only when they changed)."""
-    document = {name: {"fingerprint": d.fingerprint, "definition": d.to_dict()}
-                for name, d in sorted(definitions.items())}
-    text = json.dumps(document, sort_keys=True, indent=1)
+@dataclass(frozen=True)
+class Recorded:
+    """What is kept of one output beside the pipeline's checkpoints: the definition its gold was last built
+    with, the generation of its streaming checkpoint (0: ``<output>``; n > 0: ``<output>.g<n>``, started by the
+    n-th change; an old checkpoint is kept and never reused), and the oldest event time that checkpoint's
+    query reads (set when a change started it: the rows that can still reach an open window)."""
+
+    definition: OutputDefinition
+    generation: int = 0
+    stream_from: datetime | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"fingerprint": self.definition.fingerprint, "definition": self.definition.to_dict(),
+                "generation": self.generation,
+                "stream_from": None if self.stream_from is None else self.stream_from.isoformat()}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any]) -> Recorded:
+        since = raw.get("stream_from")
+        return cls(OutputDefinition.from_dict(raw["definition"]), int(raw.get("generation", 0)),
+                   None if since is None else datetime.fromisoformat(since))
+
+
+def checkpoint_name(output: str, generation: int) -> str:
+    """The folder of an output's streaming checkpoint (and of its markers) under ``pipelines/<pipeline>/``."""
+    return output if generation == 0 else f"{output}.g{generation}"
+
+
+def recorded_outputs(state: LakeState, pipeline: str) -> dict[str, Recorded]:
+    """Every output's record (empty for a pipeline that never wrote a window, or whose windows were written
+    before definitions were kept)."""
+    raw = state.read_json("pipelines", pipeline, DEFINITIONS) or {}
+    return {name: Recorded.from_dict(entry) for name, entry in raw.items()}
+
+
+def save_recorded(state: LakeState, pipeline: str, records: Mapping[str, Recorded]) -> None:
+    """Replace the pipeline's records (one object, one write; only when they changed)."""
+    text = json.dumps({name: r.to_dict() for name, r in sorted(records.items())}, sort_keys=True, indent=1)
     if state.read("pipelines", pipeline, DEFINITIONS) != text:
         state.write(text, "pipelines", pipeline, DEFINITIONS)
 
 
+def record(state: LakeState, pipeline: str, definitions: Mapping[str, OutputDefinition]) -> None:
+    """Keep the definitions gold was built with beside the pipeline's checkpoints (only when they changed),
+    each output's checkpoint generation as it is."""
+    kept = recorded_outputs(state, pipeline)
+    save_recorded(state, pipeline, {
+        name: dataclasses.replace(kept[name], definition=d) if name in kept else Recorded(d)
+        for name, d in definitions.items()})
+
+
 def recorded(state: LakeState, pipeline: str) -> dict[str, OutputDefinition]:
-    """The definitions gold was last built with (empty for a pipeline that never wrote a window, or whose
-    windows were written before definitions were kept)."""
-    raw = state.read_json("pipelines", pipeline, DEFINITIONS) or {}
-    return {name: OutputDefinition.from_dict(entry["definition"]) for name, entry in raw.items()}
+    """The definitions gold was last built with (see :func:`recorded_outputs`)."""
+    return {name: r.definition for name, r in recorded_outputs(state, pipeline).items()}

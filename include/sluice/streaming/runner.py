@@ -54,14 +54,24 @@ from sluice.streaming.batch import (
     CatchUp,
     Turnstile,
     batch_inputs,
+    closed_through,
     closing_boundary,
     ensure_output_table,
     gold_rows,
+    mark_closed_through,
     pipeline_watermark,
     prepare_input,
     streams_without_files,
 )
-from sluice.streaming.definitions import OutputDefinition, fingerprints, pipeline_definitions, record
+from sluice.streaming.definitions import (
+    OutputDefinition,
+    Recorded,
+    checkpoint_name,
+    fingerprints,
+    pipeline_definitions,
+    record,
+    recorded_outputs,
+)
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, airflow_task, next_version
 
 log = logging.getLogger("sluice.aggregate")
@@ -91,6 +101,8 @@ class PipelineRunner:
         # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
         self._boundary: datetime | None = None
         self._definitions: dict[str, OutputDefinition] | None = None
+        # Each output's checkpoint generation (a change to the pipeline starts a new one, SPEC 9).
+        self._recorded: dict[str, Recorded] = recorded_outputs(self.state, pipeline.name)
 
     def definitions(self) -> dict[str, OutputDefinition]:
         """The outputs' definitions (analysed once per run, when it first writes a window)."""
@@ -98,9 +110,14 @@ class PipelineRunner:
             self._definitions = pipeline_definitions(self.spark, self.settings, self.pipeline)
         return self._definitions
 
+    def _folder(self, output: OutputDef) -> str:
+        """The folder of the output's current checkpoint under ``pipelines/<pipeline>/``."""
+        kept = self._recorded.get(output.name)
+        return checkpoint_name(output.name, kept.generation if kept else 0)
+
     def checkpoint(self, output: OutputDef) -> str:
         """The output's streaming checkpoint (a URI under the lake)."""
-        return self.settings.lake.checkpoint("pipelines", self.pipeline.name, output.name)
+        return self.settings.lake.checkpoint("pipelines", self.pipeline.name, self._folder(output))
 
     def _state(self, *parts: str) -> tuple[str, ...]:
         """The name of one of the pipeline's state objects (see :mod:`sluice.storage.state`)."""
@@ -108,8 +125,7 @@ class PipelineRunner:
 
     def closed_through(self) -> datetime | None:
         """The boundary up to which the batch close (or catch-up) has written every final window."""
-        marker = self.state.read_json(*self._state("closed_through.json"))
-        return None if marker is None else datetime.fromisoformat(marker["boundary"])
+        return closed_through(self.state, self.pipeline.name)
 
     def ensure_tables(self) -> None:
         for output in self.pipeline.outputs:
@@ -258,8 +274,7 @@ class PipelineRunner:
                 known.update(missing)
 
     def _mark_closed_through(self, boundary: datetime) -> None:
-        marker = json.dumps({"boundary": boundary.isoformat()})
-        self.state.write(marker, *self._state("closed_through.json"))
+        mark_closed_through(self.state, self.pipeline.name, boundary)
 
     def close_final_windows(self, after: datetime | None) -> None:
         """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
@@ -320,7 +335,7 @@ class PipelineRunner:
 
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def _started(self, output: OutputDef) -> bool:
-        commits = self.state.list(*self._state(output.name, "commits"))
+        commits = self.state.list(*self._state(self._folder(output), "commits"))
         return any(True for _ in commits)
 
     def catch_up(self) -> CatchUp | None:
@@ -343,7 +358,7 @@ class PipelineRunner:
 
     def _plan_catch_up(self) -> CatchUp | None:
         minimum = self.settings.catchup_min_windows
-        if minimum <= 0 or any(self._started(o) for o in self.pipeline.outputs):
+        if minimum <= 0 or any(self._started(o) for o in self.pipeline.outputs) or self.closed_through() is not None:
             return None
         watermark = pipeline_watermark(self.settings, self.pipeline)
         if watermark is None:
@@ -415,12 +430,16 @@ class PipelineRunner:
         self.result.closed.setdefault(output.name, [])
         # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
         # window can close. Skipping saves starting a streaming query (seconds) on idle cycles.
-        marker = self._state(output.name, "sluice_input_versions.json")
+        marker = self._state(self._folder(output), "sluice_input_versions.json")
         versions = self.input_versions()
         if self.state.read_json(*marker) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
             return None
-        since = catchup.stream_from(self.pipeline) if catchup else None
+        # A checkpoint started by a change to the pipeline reads only the rows that can still reach an open
+        # window (gold holds every window closed before it); so does the first one after a catch-up.
+        kept = self._recorded.get(output.name)
+        since = kept.stream_from if kept is not None and kept.stream_from is not None else (
+            catchup.stream_from(self.pipeline) if catchup else None)
         windowed = output.build(self.inputs(since), self.pipeline.window)
         query = (
             windowed.writeStream.queryName(f"sluice_{self.pipeline.name}_{output.name}")
@@ -455,12 +474,14 @@ class PipelineRunner:
             rows = rows.filter(F.col("window_end") <= F.lit(self._boundary))
         rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         try:
+            # The app ids name the checkpoint: a new one (after a change, SPEC 9) counts its batches from 0 again.
             meta = {"pipeline": self.pipeline.name, "output": output.name, "batch_id": batch_id}
             # The watermark that closed these windows is the pipeline's W (the sink filter above), not
             # Spark's own, which runs 1 ms behind it (spark_delay) and is per query.
             watermark = None if self._boundary is None else self._boundary + self.pipeline.lateness_bound
             self._commit_windows(output, rows, meta, watermark,
-                                 f"sluice.gold.{output.name}", batch_id, ledger_app=f"sluice.ledger.{output.name}",
+                                 f"sluice.gold.{self._folder(output)}", batch_id,
+                                 ledger_app=f"sluice.ledger.{self._folder(output)}",
                                  turn=(index, batch_id))
         finally:
             rows.unpersist()

@@ -293,7 +293,8 @@ class Ledger:
 
     The transitions (SPEC 4: ``closed -> validated | failed -> reprocessed``; late data waiting beside the
     state) are its writes: :meth:`close` (the closing rule), :meth:`record_validation` (data quality),
-    :meth:`reprocess` (backfills and corrections) and :meth:`note_late` (the amendment scan)."""
+    :meth:`reprocess` (backfills and corrections), :meth:`note_late` (the amendment scan) and :meth:`rebuild`
+    (a change to the pipeline, SPEC 9)."""
 
     def __init__(self, settings: Settings, pipeline: str | None = None) -> None:
         self.settings = settings
@@ -356,6 +357,22 @@ class Ledger:
                   version: int | None = None) -> bool:
         """Late data waiting: settled windows whose ``late_waiting`` and ``detail`` changed; the state stays."""
         return self._write(engine, rows, SETTLED_STATES, app_id=app_id, version=version)
+
+    def rebuild(self, engine: RowsEngine, rows: Iterable[LedgerRow], dropped: Iterable[Window], *, app_id: str,
+                version: int) -> bool:
+        """A change to the pipeline rebuilt its closed windows (SPEC 9): ``rows`` are the windows gold now holds,
+        awaiting their re-validation (``closed``), and the ``dropped`` windows leave the ledger (those of an
+        earlier window spec), in one commit. ``ops/dq_results`` and ``ops/alerts`` keep their history."""
+        rows = list(rows)
+        wrong = [r for r in rows if r.state != "closed"]
+        if wrong:
+            raise ValueError(f"{app_id}: a rebuilt window awaits its validation, not {wrong[0].state!r}")
+        name = self.pipeline or (rows[0].pipeline if rows else "")
+        keys = {r.key for r in rows} | {(name, start, end) for start, end in dropped}
+        path = WINDOW_LEDGER.path(self.settings)
+        engine.ensure_table(path, WINDOW_LEDGER.schema)
+        return replace_windows(engine, path, [tuple(asdict(r).values()) for r in rows], WINDOW_LEDGER.schema, keys,
+                               app_id=app_id, version=version)
 
     def _write(self, engine: RowsEngine, rows: Iterable[LedgerRow], states: Sequence[str], *, app_id: str,
                version: int | None = None) -> bool:
