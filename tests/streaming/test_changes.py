@@ -29,6 +29,7 @@ import pytest
 from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
+from sluice.airflow.api import windows_data
 from sluice.cli import main as cli_main
 from sluice.config import Settings, load_settings
 from sluice.runtime.context import open_run
@@ -204,6 +205,8 @@ def test_a_pipeline_changes_and_sluice_rebuilds_goes_forward_or_refuses(
     failing = edit(source.replace(WINDOW, 'window="10m", on_change="fail"').replace(AVG, MAX))
     with pytest.raises(ChangeRefused, match=r"(?s)on_change='fail'.*columns added: max_temp_c"):
         run(failing, "2024-05-01T11:00:00Z")
+    page = windows_data(failing, str)["pipelines"][0]["definition"]  # the ledger page's view of it
+    assert page["plan"]["status"] == "refused" and "columns added: max_temp_c" in page["plan"]["text"]
     with pytest.raises(ChangeRefused, match="cannot go forward"):
         run(edit(source.replace(WINDOW, 'on_change="forward"')), "2024-05-01T11:00:00Z")
 
@@ -230,6 +233,9 @@ def test_a_pipeline_changes_and_sluice_rebuilds_goes_forward_or_refuses(
     assert cli_main(["--home", str(tmp_path / "home"), "--pipelines", str(folder), "status"]) == 0
     printed = capsys.readouterr().out
     assert f"{len(old_windows)} window(s) built by an older definition of gold/device_temps" in printed, printed
+    page = windows_data(forward, str)["pipelines"][0]["definition"]
+    assert page["outputs"] == [{"output": "device_temps", "fingerprint": fp, "older_windows": len(old_windows)}]
+    assert page["plan"] is None  # the change is applied: nothing left to show
     upgraded = sorted(old_windows)[-2:]
     run_backfill(open_run(replace(forward, now_override=at("11:11")), spark), "device_temps", upgraded[0][0],
                  upgraded[-1][1], deliver_alerts=False)

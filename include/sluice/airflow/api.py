@@ -58,12 +58,33 @@ def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: i
         windows.sort(key=lambda w: (w["window_start"], w["window_end"]))
         pipelines.append({
             "pipeline": name,
+            "definition": _definition(settings, name, rows),
             "window_seconds": int(definition.window.size.total_seconds()),
             "hop_seconds": int(definition.window.slide.total_seconds()),
             "windows": windows[-limit:],
             "omitted": max(0, len(windows) - limit),
         })
     return {"now": rfc3339(settings.now()), "states": [*GRID_STATES, *found], "pipelines": pipelines}
+
+
+def _definition(settings: Settings, pipeline: str, rows: list[LedgerRow]) -> dict[str, Any]:
+    """The pipeline's definitions (SPEC 9) as its last run saw them: each output's fingerprint and how many
+    closed windows an older definition built (an output that went forward), and the last plan a run made,
+    when it found a change (``status`` changed or refused, with its text)."""
+    from sluice.storage.state import lake_state
+    from sluice.streaming.changes import saved_plan
+    from sluice.streaming.definitions import recorded_outputs
+
+    state = lake_state(settings)
+    outputs = []
+    for output, kept in sorted(recorded_outputs(state, pipeline).items()):
+        fingerprint = kept.definition.fingerprint
+        older = sum(1 for r in rows
+                    if r.definition and json.loads(r.definition).get(output, fingerprint) != fingerprint)
+        outputs.append({"output": output, "fingerprint": fingerprint, "older_windows": older})
+    plan = saved_plan(state, pipeline)
+    shown = plan if plan is not None and plan.get("status") in ("changed", "refused") else None
+    return {"outputs": outputs, "plan": None if shown is None else {k: shown.get(k) for k in ("status", "text", "at")}}
 
 
 def streams_data(settings: Settings, *, hours: float = 24) -> dict[str, Any]:

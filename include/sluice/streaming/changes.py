@@ -8,6 +8,7 @@ kept beside the checkpoints; it writes nothing.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -16,6 +17,7 @@ from sluice.core.errors import ConfigError
 from sluice.core.model import PipelineDef
 from sluice.core.windows import Window
 from sluice.runtime.context import RunContext
+from sluice.storage.state import LakeState
 from sluice.streaming.batch import closed_through
 from sluice.streaming.definitions import OutputDefinition, pipeline_definitions, recorded
 
@@ -188,6 +190,26 @@ class PipelinePlan:
                 "definition": c.after.describe(),
             } for c in self.outputs],
         }
+
+
+PLAN = "plan.json"
+
+
+def save_plan(ctx: RunContext, plan: PipelinePlan, *, refused: bool = False) -> None:
+    """Keep the pipeline's last plan beside its checkpoints (``sluice plan`` and every run that meets a change
+    write it; only when it changed), for the ledger page, which has no Spark to analyse the builds itself."""
+    doc = {"status": "refused" if refused else plan.status, "text": plan.render()}
+    current = ctx.state.read_json("pipelines", plan.pipeline.name, PLAN)
+    if current is None or {k: v for k, v in current.items() if k != "at"} != doc:
+        ctx.state.write(json.dumps({**doc, "at": ctx.settings.now().isoformat()}, sort_keys=True),
+                        "pipelines", plan.pipeline.name, PLAN)
+
+
+def saved_plan(state: LakeState, pipeline: str) -> dict[str, Any] | None:
+    """The last plan :func:`save_plan` kept: ``status`` (new, unchanged, changed or refused), ``text`` and
+    ``at``."""
+    found = state.read_json("pipelines", pipeline, PLAN)
+    return found if isinstance(found, dict) else None
 
 
 def plan_pipeline(ctx: RunContext, pipeline: PipelineDef) -> PipelinePlan:

@@ -39,7 +39,7 @@ from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_counts
 from sluice.streaming.batch import batch_inputs, ensure_output_table, gold_rows, mark_closed_through
-from sluice.streaming.changes import ChangeRefused, OutputChange, PipelinePlan, plan_pipeline
+from sluice.streaming.changes import ChangeRefused, OutputChange, PipelinePlan, plan_pipeline, save_plan
 from sluice.streaming.definitions import Recorded, fingerprints, recorded_outputs, save_recorded
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, format_gold_versions, next_version
 from sluice.windows.plans import WINDOW_COLUMNS, PlanFile, window_key, window_of
@@ -112,9 +112,11 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
     if pending is not None and pending.done:
         pending = None
     if not plan.changed and pending is None:
+        save_plan(ctx, plan)
         return None
     refusals = plan.refusals()
     if refusals:
+        save_plan(ctx, plan, refused=True)
         raise ChangeRefused(f"{pipeline.name}: the pipeline changed in a way its on_change does not allow:\n  "
                             + "\n  ".join(refusals) + "\nnothing was written; `sluice plan " + pipeline.name
                             + "` shows the change:\n" + plan.render())
@@ -137,6 +139,7 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
     if rebuilt:
         Rebuild(ctx, plan, sorted(rebuilt), plan_file, pending, report).run(deliver_alerts)
     report.seconds = time.monotonic() - started
+    save_plan(ctx, plan_pipeline(ctx, pipeline))  # what the page shows now: no change left
     return report
 
 
