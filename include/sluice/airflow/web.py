@@ -88,8 +88,10 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
     @app.get("/api/status")
     def api_status() -> dict[str, Any]:
         from sluice.reports.status import status_data
+        from sluice.storage.state import lake_state
 
-        return status_data(_settings())
+        settings = _settings()
+        return status_data(settings, lake_state(settings))
 
     @app.get("/api/windows")
     def api_windows(request: Request, limit: int = Query(500, ge=1, le=10_000)) -> dict[str, Any]:
@@ -111,8 +113,10 @@ def create_app(reader: Callable[..., None] | None = None) -> FastAPI:
     @app.get("/status", response_class=PlainTextResponse)
     def status() -> str:
         from sluice.reports.status import render_status
+        from sluice.storage.state import lake_state
 
-        return render_status(_settings())
+        settings = _settings()
+        return render_status(settings, lake_state(settings))
 
     @app.get("/docs/{path:path}")
     def docs(path: str) -> Response:

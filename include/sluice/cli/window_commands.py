@@ -64,6 +64,7 @@ def cmd_retry(args: argparse.Namespace) -> Output:
 
 def cmd_status(args: argparse.Namespace) -> Output:
     from sluice.reports.status import home_warnings, render_status, render_window, status_data, window_data
+    from sluice.storage.state import lake_state
 
     settings = settings_of(args, writes=False)
     for message in home_warnings(settings):
@@ -74,5 +75,6 @@ def cmd_status(args: argparse.Namespace) -> Output:
         return Output(EXIT_OK, render_window(settings, args.window, args.pipeline), {})
     if args.pipeline is not None:
         raise ConfigError("--pipeline chooses the pipeline of --window; give --window START too")
-    data = status_data(settings) if args.json else {}
-    return Output(EXIT_OK, "" if args.json else render_status(settings), data)
+    state = lake_state(settings)  # the definitions kept beside the checkpoints (SPEC 9)
+    data = status_data(settings, state) if args.json else {}
+    return Output(EXIT_OK, "" if args.json else render_status(settings, state), data)

@@ -25,6 +25,7 @@ from sluice.ingest.state import load_state
 from sluice.ingest.time_rules import all_late, all_late_message
 from sluice.reports.output import rfc3339, stream_totals, window
 from sluice.storage import snapshots, tables
+from sluice.storage.state import LakeState
 from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, parse_gold_versions, split_detail
 
 #: The ledger states counted per pipeline, after ``open`` (windows that hold data and are not closed yet,
@@ -83,13 +84,14 @@ def unreadable_files(settings: Settings, streams: list[str]) -> list[tuple[str, 
     ]
 
 
-def older_definitions(settings: Settings) -> list[dict[str, Any]]:
+def older_definitions(settings: Settings, state: LakeState | None) -> list[dict[str, Any]]:
     """Per output, the closed windows built by an earlier definition than the one recorded now (an output that
-    went forward, SPEC 9): how many, and the range they span. ``sluice backfill`` of a range upgrades them."""
-    from sluice.storage.state import lake_state
+    went forward, SPEC 9): how many, and the range they span. ``sluice backfill`` of a range upgrades them.
+    ``state``: the lake's state objects, where the definitions are kept (None: not asked for)."""
     from sluice.streaming.definitions import recorded_outputs
 
-    state = lake_state(settings)
+    if state is None:
+        return []
     out = []
     for pipeline in sorted(settings.registry.pipelines):
         current = recorded_outputs(state, pipeline)
@@ -104,7 +106,7 @@ def older_definitions(settings: Settings) -> list[dict[str, Any]]:
     return out
 
 
-def render_status(settings: Settings) -> str:
+def render_status(settings: Settings, state: LakeState | None = None) -> str:
     streams = list(settings.streams)
     out = [
         f"SLUICE_HOME={settings.home}",
@@ -133,7 +135,7 @@ def render_status(settings: Settings) -> str:
     if settings.registry.errors:
         out += ["", "pipeline files that failed to load:"]
         out += [f"  {e}" for e in settings.registry.errors]
-    older = older_definitions(settings)
+    older = older_definitions(settings, state)
     if older:
         out += ["", "windows built by an older definition (on_change='forward'; `sluice backfill` of a range "
                     "upgrades them):"]
@@ -176,7 +178,7 @@ def home_warnings(settings: Settings) -> list[str]:
     ]
 
 
-def status_data(settings: Settings) -> dict[str, Any]:
+def status_data(settings: Settings, state: LakeState | None = None) -> dict[str, Any]:
     """``sluice status`` as data (``sluice status --json``; an HTTP API can serve the same dict). Every key is
     always present; timestamps are RFC 3339 UTC strings or null."""
     streams = list(settings.streams)
@@ -199,7 +201,7 @@ def status_data(settings: Settings) -> dict[str, Any]:
         ],
         "unreadable_files": [{"stream": s, "path": path} for s, path in unreadable_files(settings, streams)],
         "older_definitions": [{**o, "from": rfc3339(o["from"]), "to": rfc3339(o["to"])}
-                              for o in older_definitions(settings)],
+                              for o in older_definitions(settings, state)],
         "load_errors": [{"file": str(e.file), "message": e.message} for e in settings.registry.errors],
         "tables": [{"table": name, "rows": count} for name, count in _table_counts(settings)],
     }
