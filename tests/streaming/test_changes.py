@@ -160,6 +160,11 @@ def test_a_pipeline_changes_and_sluice_rebuilds_goes_forward_or_refuses(
     printed = capsys.readouterr().out
     assert "columns added: max_temp_c double" in printed, printed
     assert f"rebuild: recomputes the {len(closed)} closed window(s) (2024-05-01 " in printed, printed
+    assert cli_main(["--pipelines", str(folder), "--home", str(tmp_path / "home"), "plan", "--json"]) == 0
+    [doc] = json.loads(capsys.readouterr().out)["pipelines"]
+    assert (doc["status"], doc["closed_windows"]) == ("changed", len(closed))
+    [out] = doc["outputs"]
+    assert (out["before"], out["columns"]["added"], out["on_change"]) == (first_fp, ["max_temp_c double"], "rebuild")
     result = run(metric, "2024-05-01T11:00:00Z")
     assert result.changes is not None and result.changes.rebuilt == {"device_temps": len(first_gold)}
     assert "definition changed: rebuilt gold/device_temps" in result.render()
