@@ -97,6 +97,24 @@ class WindowSpec:
             )
         return df.withColumn("window_end", F.col("window.end"))
 
+    def next_end(self, after: datetime) -> datetime:
+        """The first end of a window of this spec after ``after`` (ends are start + size, starts on the slide
+        grid from the epoch)."""
+        slide_us = self.slide // timedelta(microseconds=1)
+        size_us = self.size // timedelta(microseconds=1)
+        after_us = (after - EPOCH) // timedelta(microseconds=1)
+        k = (after_us - size_us) // slide_us + 1
+        return EPOCH + timedelta(microseconds=k * slide_us + size_us)
+
+    def ending_in(self, after: datetime, until: datetime) -> set[Window]:
+        """Every window of this spec ending in ``(after, until]``."""
+        windows = set()
+        end = self.next_end(after)
+        while end <= until:
+            windows.add((end - self.size, end))
+            end += self.slide
+        return windows
+
     @classmethod
     def parse(cls, size: str, hop: str | None = None) -> WindowSpec:
         return cls(parse_duration(size, "window.size"), parse_duration(hop, "window.hop") if hop else None)

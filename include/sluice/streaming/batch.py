@@ -19,14 +19,16 @@ import threading
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import StructField, StructType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef, StreamSpec
-from sluice.core.spark import local_frame
-from sluice.core.windows import WindowSpec
+from sluice.core.spark import collected_utc, local_frame
+from sluice.core.windows import Window, WindowSpec
 from sluice.ingest.state import load_state
 from sluice.storage import snapshots, tables
 from sluice.storage.engine import DeltaEngine
@@ -71,6 +73,25 @@ def closed_through(state: LakeState, pipeline: str) -> datetime | None:
 
 def mark_closed_through(state: LakeState, pipeline: str, boundary: datetime) -> None:
     state.write(json.dumps({"boundary": boundary.isoformat()}), "pipelines", pipeline, CLOSED_THROUGH)
+
+
+def gold_windows(settings: Settings, output: OutputDef, *, after: datetime | None = None,
+                 until: datetime | None = None) -> dict[Window, int]:
+    """The windows of an output's gold ending in ``(after, until]`` (either end open when None), with their
+    row counts: read from the window columns alone (metadata-sized: gold holds one row per window and key)."""
+    dataset = snapshots.dataset(output.path(settings))
+    if dataset is None:
+        return {}
+    filt = None if after is None else pc.field("window_end") > pa.scalar(after, pa.timestamp("us", "UTC"))
+    if until is not None:
+        upper = pc.field("window_end") <= pa.scalar(until, pa.timestamp("us", "UTC"))
+        filt = upper if filt is None else filt & upper
+    data = dataset.to_table(columns=["window_start", "window_end"], filter=filt)
+    counts: dict[Window, int] = {}
+    for s, e in zip(data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True):
+        window = (collected_utc(s), collected_utc(e))
+        counts[window] = counts.get(window, 0) + 1
+    return counts
 
 
 def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:

@@ -38,7 +38,7 @@ from sluice.quality.checker import QualityChecker, QualityReport, merged_reports
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_counts
-from sluice.streaming.batch import batch_inputs, ensure_output_table, gold_rows, mark_closed_through
+from sluice.streaming.batch import batch_inputs, ensure_output_table, gold_rows, gold_windows, mark_closed_through
 from sluice.streaming.changes import ChangeRefused, OutputChange, PipelinePlan, plan_pipeline, save_plan
 from sluice.streaming.definitions import Recorded, fingerprints, recorded_outputs, save_recorded
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, format_gold_versions, next_version
@@ -266,19 +266,6 @@ class Rebuild:
                 return counts, (table_version - 1, table_version)
         return counts, (before, before)
 
-    def _gold_counts(self, output: OutputDef, boundary: datetime) -> dict[Window, int]:
-        """The rows per window of an output this rebuild leaves as it is (metadata-sized)."""
-        dataset = snapshots.dataset(output.path(self.ctx.settings))
-        if dataset is None:
-            return {}
-        data = dataset.to_table(columns=["window_start", "window_end"])
-        counts: dict[Window, int] = {}
-        for s, e in zip(data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True):
-            window = (collected_utc(s), collected_utc(e))
-            if window[1] <= boundary:
-                counts[window] = counts.get(window, 0) + 1
-        return counts
-
     def _write_ledger(self, plan: RebuildPlan, counts: dict[str, dict[Window, int]],
                       versions: dict[str, tuple[int, int]], old: dict[Window, LedgerRow], reshaped: bool,
                       with_late: set[Window]) -> list[Window]:
@@ -286,7 +273,7 @@ class Rebuild:
         now = ctx.settings.now()
         for output in pipeline.outputs:
             if output.name not in counts:
-                counts[output.name] = self._gold_counts(output, plan.boundary)
+                counts[output.name] = gold_windows(ctx.settings, output, until=plan.boundary)
         held = {w for per in counts.values() for w in per}
         windows = sorted(held if reshaped else held | {w for w in old if w[1] <= plan.boundary})
         late = dlq_counts(ctx.settings, pipeline, windows)

@@ -34,10 +34,8 @@ import json
 import logging
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -58,6 +56,7 @@ from sluice.streaming.batch import (
     closing_boundary,
     ensure_output_table,
     gold_rows,
+    gold_windows,
     mark_closed_through,
     pipeline_watermark,
     prepare_input,
@@ -221,14 +220,7 @@ class PipelineRunner:
     # -- the batch close (see the module docstring) -----------------------------------------------------
     def _next_end(self, lo: datetime) -> datetime:
         """The first end of a window of the pipeline after ``lo``."""
-        window = self.pipeline.window
-        slide_us = int(window.slide.total_seconds() * 1_000_000)
-        size_us = int(window.size.total_seconds() * 1_000_000)
-        epoch = datetime(1970, 1, 1, tzinfo=UTC)
-        # Ends are start + size with start on the slide grid.
-        lo_us = (lo - epoch) // timedelta(microseconds=1)
-        k = (lo_us - size_us) // slide_us + 1
-        return epoch + timedelta(microseconds=k * slide_us + size_us)
+        return self.pipeline.window.next_end(lo)
 
     def _window_ends(self, lo: datetime | None, hi: datetime) -> bool:
         """Whether some window of the pipeline ends in ``(lo, hi]``."""
@@ -237,29 +229,11 @@ class PipelineRunner:
     def _final_windows(self, after: datetime | None, boundary: datetime) -> set[Window] | None:
         """Every window of the pipeline ending in ``(after, boundary]`` (None when nothing has closed yet:
         then there is no lower end to count from)."""
-        if after is None:
-            return None
-        window = self.pipeline.window
-        windows = set()
-        end = self._next_end(after)
-        while end <= boundary:
-            windows.add((end - window.size, end))
-            end += window.slide
-        return windows
+        return None if after is None else self.pipeline.window.ending_in(after, boundary)
 
     def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
-        """Windows of gold ending after ``after``, with their row counts (metadata-sized: gold holds one row
-        per window and key)."""
-        dataset = snapshots.dataset(output.path(self.settings))
-        if dataset is None:
-            return {}
-        filt = None if after is None else pc.field("window_end") > pa.scalar(after, pa.timestamp("us", "UTC"))
-        data = dataset.to_table(columns=["window_start", "window_end"], filter=filt)
-        counts: dict[Window, int] = {}
-        for s, e in zip(data.column("window_start").to_pylist(), data.column("window_end").to_pylist(), strict=True):
-            window = (collected_utc(s), collected_utc(e))
-            counts[window] = counts.get(window, 0) + 1
-        return counts
+        """Windows of gold ending after ``after``, with their row counts (metadata-sized)."""
+        return gold_windows(self.settings, output, after=after)
 
     def _repair_ledger(self, written: dict[str, dict[Window, int]], boundary: datetime,
                        watermark: datetime | None) -> None:
