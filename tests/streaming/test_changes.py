@@ -4,9 +4,9 @@ DLQ, for the window a backfill filled with its late record).
 
 - a comment-only edit is no change;
 - an added metric is rebuilt into every closed window (the late record stays in), gold's schema replaced;
-- reverting the file rebuilds exactly the first gold;
-- a window change to 10m tumbling, killed (SIGKILL) after its gold commit and again after its ledger commit,
-  leaves only 10-minute windows in gold and the ledger once rerun;
+- reverting the file rebuilds the first gold (its doubles to the last bits a sum's order moves);
+- a window change to 10m tumbling, killed (SIGKILL) after its gold commit, after its ledger commit and in its
+  validation, leaves only 10-minute windows in gold and the ledger once rerun, validated;
 - ``on_change="forward"`` keeps the closed windows and their definition, new windows (from a new checkpoint whose
   state covers the open windows) use the new one, and a backfill upgrades a range;
 - ``"fail"`` and a forward window change are refused with exit 1 and the plan.
@@ -194,12 +194,16 @@ def test_a_pipeline_changes_and_sluice_rebuilds_goes_forward_or_refuses(
     dq_before = table(tumbling, "ops/dq_results")
     kill_run(tumbling, folder, "2024-05-01T11:00:00Z", "gold/device_temps@sluice.rebuild:1")
     kill_run(tumbling, folder, "2024-05-01T11:00:00Z", "ops/window_ledger@sluice.ledger.rebuild:1")
+    # ... and once more in its validation, after the new definitions were recorded: the rerun still finishes it.
+    kill_run(tumbling, folder, "2024-05-01T11:00:00Z", "ops/dq_results:1")
     run(tumbling, "2024-05-01T11:00:00Z")
     tumbled = gold(tumbling, metric=False)
     assert tumbled == oracle(tumbling, 10, 10, metric=False)
     windows = {(utc(r.window_start), utc(r.window_end)) for r in read_ledger(tumbling, "device_temps")}
     assert windows == {(s, e) for s, e, _d in gold(tumbling, metric=False)}
     assert {e - s for s, e in windows} == {timedelta(minutes=10)}
+    assert {r.state for r in read_ledger(tumbling, "device_temps")} <= {"reprocessed", "failed"}
+    assert json.loads((tmp_path / "home/lake/_checkpoints/pipelines/device_temps/rebuild.json").read_text())["done"]
     dq_after = table(tumbling, "ops/dq_results")
     assert [r for r in dq_before if r not in dq_after] == []
     rebuilds = [c for c in DeltaTable(str(tmp_path / "home/lake/gold/device_temps")).history()

@@ -47,7 +47,7 @@ txns = Stream(
 
 def per_device(inputs, window):
     return (inputs["readings"].groupBy(window.column("event_time"), "device_id")
-            .agg(F.count("*").alias("readings"), F.sum("temp_c").alias("sum_temp_c")))
+            .agg(F.count("*").alias("readings"), F.sum("temp_c").alias("sum_temp_c"){extra_metric}))
 
 
 def per_txn_device(inputs, window):
@@ -91,14 +91,16 @@ def pipeline_source(
     txns_delay: str = "2m",
     bound: str = "10m",
     with_join: bool = True,
+    max_temp: bool = False,
 ) -> str:
-    """The pipeline file's Python source."""
+    """The pipeline file's Python source; ``max_temp`` adds a metric to the readings output only."""
     seconds = {"m": 60, "h": 3600, "s": 1}
     bound_s = int(bound[:-1]) * seconds[bound[-1]]
     joined_output = f'Output("{JOINED_OUT}", joined, key="device_id"),' if with_join else ""
     return textwrap.dedent(SOURCE).format(
         readings_delay=readings_delay, txns_delay=txns_delay, window=window, bound=bound, bound_s=bound_s,
         pipeline=PIPELINE, readings_out=READINGS_OUT, txns_out=TXNS_OUT, joined_output=joined_output,
+        extra_metric=', F.max("temp_c").alias("max_temp_c")' if max_temp else "",
     )
 
 

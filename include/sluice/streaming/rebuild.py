@@ -126,7 +126,9 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
     rebuilt = {c.output for c in plan.rebuilt()}
     if pending is not None:
         if all(current.get(o) == fp for o, fp in pending.fingerprints.items()) and rebuilt <= set(pending.fingerprints):
+            # The same change: finish it (its definitions may be recorded already, its validation not).
             log.info("%s: finishing the rebuild a crash interrupted", pipeline.name)
+            rebuilt = set(pending.fingerprints)
         else:
             # The file changed again before the interrupted rebuild finished: its outputs may hold either
             # definition's rows, so they are rebuilt again, with whatever else changed.
