@@ -38,9 +38,16 @@ from sluice.quality.checker import QualityChecker, QualityReport, merged_reports
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_counts
-from sluice.streaming.batch import batch_inputs, ensure_output_table, gold_rows, gold_windows, mark_closed_through
+from sluice.streaming.batch import (
+    batch_inputs,
+    ensure_output_table,
+    gold_rows,
+    gold_schema,
+    gold_windows,
+    mark_closed_through,
+)
 from sluice.streaming.changes import ChangeRefused, OutputChange, PipelinePlan, plan_pipeline, save_plan
-from sluice.streaming.definitions import Recorded, fingerprints, recorded_outputs, save_recorded
+from sluice.streaming.definitions import Recorded, fingerprints, record, recorded_outputs, save_recorded
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, format_gold_versions, next_version
 from sluice.windows.plans import WINDOW_COLUMNS, PlanFile, window_key, window_of
 
@@ -112,6 +119,10 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
     if pending is not None and pending.done:
         pending = None
     if not plan.changed and pending is None:
+        if plan.unrecorded:
+            # A new pipeline (or gold built before definitions were kept): what this run builds, it builds with
+            # these; a later change is compared with them, even if no window closes before it.
+            record(ctx.state, pipeline.name, {c.output: c.after for c in plan.outputs})
         save_plan(ctx, plan)
         return None
     refusals = plan.refusals()
@@ -198,7 +209,15 @@ class Rebuild:
         pipeline, ctx = self.pipeline, self.ctx
         boundary = self.pending.boundary if self.pending is not None else self.plan.boundary
         if boundary is None:
-            # Nothing closed yet: the new definition simply applies, from a new checkpoint.
+            # Nothing closed yet, so gold holds no row: the new definition simply applies, from a new checkpoint,
+            # to a table that takes the new schema.
+            for output in self.outputs:
+                path = output.path(ctx.settings)
+                if snapshots.exists(path):
+                    empty = local_frame(ctx.spark, [], gold_schema(ctx.spark, ctx.settings, pipeline, output))
+                    app = f"{GOLD_APP}.{output.name}"
+                    ctx.engine.overwrite(empty, path, app_id=app, version=next_version(ctx.engine, path, app),
+                                         metadata={"pipeline": pipeline.name, "output": output.name, "rebuild": True})
             self._record(_next_generations(ctx, pipeline, [o.name for o in self.outputs]), None)
             return
         plan = self.pending or self._new_plan(boundary)

@@ -172,9 +172,6 @@ class PipelineRunner:
         # Their ledger commits still happen in output order (see Turnstile), so tables stay deterministic.
         self._turnstile = Turnstile(len(self.pipeline.outputs))
         self._boundary = closing_boundary(self.settings, self.pipeline)
-        # The definitions the checkpoints' state is built with, before the queries first write it (even when
-        # no window closes yet): a later change to the file is then seen, and gets a checkpoint of its own.
-        record(self.state, self.pipeline.name, self.definitions())
         running: list[tuple[int, StreamingQuery, tuple[str, ...], dict[str, int]]] = []
         try:
             for index, output in enumerate(self.pipeline.outputs):
