@@ -100,6 +100,11 @@ class PipelinePlan:
     boundary: datetime | None = None  # gold holds every window ending by it
 
     @property
+    def definitions(self) -> dict[str, OutputDefinition]:
+        """Every output's definition now."""
+        return {c.output: c.after for c in self.outputs}
+
+    @property
     def unrecorded(self) -> bool:
         """No definition is recorded: a pipeline that never ran, or whose gold was built before sluice kept
         definitions (its next run records the current ones; there is nothing to compare with)."""

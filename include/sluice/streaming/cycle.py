@@ -30,6 +30,7 @@ from sluice.quality.checker import QualityChecker, QualityReport, merged_reports
 from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import streams_without_files
+from sluice.streaming.changes import plan_pipeline
 from sluice.streaming.corrections import CorrectionReport, run_corrections
 from sluice.streaming.rebuild import ChangeReport, apply_changes
 from sluice.streaming.runner import AggregateResult, PipelineRunner
@@ -129,8 +130,10 @@ def run_cycle(
         amended = scan_amendments(ctx.ledger(pipeline), engine, ctx.state, definition)
         # A changed definition is applied before any window closes under it (SPEC 9): rebuilt, gone forward,
         # or refused (exit 1, nothing written).
-        changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts)
-        runner = PipelineRunner(ctx, definition)
+        plan = plan_pipeline(ctx, definition)
+        changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts, plan=plan)
+        # The runner records the same definitions with the windows it closes: analysed once per cycle.
+        runner = PipelineRunner(ctx, definition, definitions=plan.definitions)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)

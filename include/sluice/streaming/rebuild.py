@@ -48,6 +48,7 @@ from sluice.streaming.batch import (
 )
 from sluice.streaming.changes import ChangeRefused, OutputChange, PipelinePlan, plan_pipeline, save_plan
 from sluice.streaming.definitions import Recorded, fingerprints, record, recorded_outputs, save_recorded
+from sluice.streaming.rewrite import commit_version
 from sluice.windows.ledger import WINDOW_LEDGER, LedgerRow, format_gold_versions, next_version
 from sluice.windows.plans import WINDOW_COLUMNS, PlanFile, window_key, window_of
 
@@ -109,10 +110,12 @@ class RebuildPlan:
                    {window_of(k): int(n) for k, n in raw["rounds"].items()}, bool(raw["done"]))
 
 
-def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: bool = True) -> ChangeReport | None:
-    """Carry out the pipeline's plan before its run (the caller holds the pipeline's lock). Raises
-    :class:`ChangeRefused` (exit 1, nothing written) for a change its ``on_change`` does not allow."""
-    plan = plan_pipeline(ctx, pipeline)
+def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: bool = True,
+                  plan: PipelinePlan | None = None) -> ChangeReport | None:
+    """Carry out the pipeline's plan (``plan``: as :func:`plan_pipeline` made it, when the caller has it) before
+    its run (the caller holds the pipeline's lock). Raises :class:`ChangeRefused` (exit 1, nothing written) for a
+    change its ``on_change`` does not allow."""
+    plan = plan if plan is not None else plan_pipeline(ctx, pipeline)
     plan_file = PlanFile(ctx.state, pipeline.name, "rebuild.json")
     saved = plan_file.load()
     pending = RebuildPlan.from_json(saved) if saved is not None else None
@@ -122,7 +125,7 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
         if plan.unrecorded:
             # A new pipeline (or gold built before definitions were kept): what this run builds, it builds with
             # these; a later change is compared with them, even if no window closes before it.
-            record(ctx.state, pipeline.name, {c.output: c.after for c in plan.outputs})
+            record(ctx.state, pipeline.name, plan.definitions)
         save_plan(ctx, plan)
         return None
     refusals = plan.refusals()
@@ -152,7 +155,8 @@ def apply_changes(ctx: RunContext, pipeline: PipelineDef, *, deliver_alerts: boo
     if rebuilt:
         Rebuild(ctx, plan, sorted(rebuilt), plan_file, pending, report).run(deliver_alerts)
     report.seconds = time.monotonic() - started
-    save_plan(ctx, plan_pipeline(ctx, pipeline))  # what the page shows now: no change left
+    # What the page shows now: no change left (the definitions just recorded are the ones analysed above).
+    save_plan(ctx, replace(plan, outputs=[replace(c, before=c.after) for c in plan.outputs]))
     return report
 
 
@@ -282,10 +286,8 @@ class Rebuild:
         if engine.overwrite(rows, path, app_id=app, version=plan.version, metadata=meta):
             return counts, (before, snapshots.version(path))
         # Committed by the interrupted run: find that commit by its app transaction.
-        for table_version, committed in snapshots.commit_metadata(path, 100):
-            if committed.get("app") == app and committed.get("app_version") == plan.version:
-                return counts, (table_version - 1, table_version)
-        return counts, (before, before)
+        committed = commit_version(path, app, plan.version)
+        return counts, ((committed - 1, committed) if committed is not None else (before, before))
 
     def _write_ledger(self, plan: RebuildPlan, counts: dict[str, dict[Window, int]],
                       versions: dict[str, tuple[int, int]], old: dict[Window, LedgerRow], reshaped: bool,

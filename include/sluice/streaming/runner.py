@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -88,7 +89,8 @@ class AggregateResult:
 
 
 class PipelineRunner:
-    def __init__(self, ctx: RunContext, pipeline: PipelineDef):
+    def __init__(self, ctx: RunContext, pipeline: PipelineDef,
+                 definitions: Mapping[str, OutputDefinition] | None = None):
         self.spark = ctx.spark
         self.settings = ctx.settings
         self.engine = ctx.engine
@@ -99,7 +101,7 @@ class PipelineRunner:
         self._turnstile = Turnstile(len(pipeline.outputs))
         # The closing boundary (W - lateness_bound) this cycle's streaming sinks close windows up to.
         self._boundary: datetime | None = None
-        self._definitions: dict[str, OutputDefinition] | None = None
+        self._definitions: dict[str, OutputDefinition] | None = None if definitions is None else dict(definitions)
         # Each output's checkpoint generation (a change to the pipeline starts a new one, SPEC 9).
         self._recorded: dict[str, Recorded] = recorded_outputs(self.state, pipeline.name)
 
