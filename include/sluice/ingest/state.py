@@ -41,6 +41,8 @@ class BatchRow:
     # Blank lines of the file: no records, so in none of the counts above (lines = accepted + quarantined + late
     # + duplicates). Last, as in the table's schema: BatchRows are written in field order (ops_rows).
     skipped: int = 0
+    # SPEC 4: Kafka offsets lost to retention (issue 57); always 0 for landing files.
+    lost: int = 0
 
     @property
     def unreadable(self) -> bool:
@@ -90,6 +92,7 @@ def load_state(settings: Settings, stream: str) -> StreamState:
     rows = [BatchRow(**{k: v for k, v in r.items() if k in names}) for r in table.to_pylist()]
     for row in rows:
         row.skipped = row.skipped or 0  # null in rows written before the column existed
+        row.lost = row.lost or 0
     return StreamState(sorted(rows, key=lambda r: r.batch_id))
 
 

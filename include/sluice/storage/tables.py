@@ -137,6 +137,8 @@ INGEST_BATCHES = TableDef(
             # Blank lines (empty or whitespace only) of the file: no records, so not in `lines` (SPEC 2).
             # Added after the first release: null in older rows.
             ("skipped", LongType()),
+            # SPEC 4: offsets of a Kafka topic lost to retention (0 for files). Null in older rows.
+            ("lost", LongType()),
         )
     ),
 )
