@@ -30,7 +30,9 @@ log lines, time-stamped as they arrive on stderr.
     .venv/bin/python bench/run.py --steady-only   # only the steady state (--skip-steady: everything else)
 
 The last line is always ``bench: cycle/bare_spark=<r> backfill/spark_batch=<r> empty_cycle_s=<s>
-events_per_s=<n> incr_cycle_s=<s> incr/bare_spark=<r> history_ratio=<r> dag_run/bare_submit=<r>``.
+events_per_s=<n> incr_cycle_s=<s> incr/bare_spark=<r> history_ratio=<r> dag_run/bare_submit=<r>
+empty_cycle/empty_job=<r> dq_history_ratio=<r>`` (dq_history_ratio: the data-quality seconds per validated
+window of the 7-day catch-up over the 1-day one's).
 """
 
 from __future__ import annotations
@@ -83,6 +85,8 @@ STEADY_STAGES = (
 SLUICE_STAGES = ("cycle", "noop_cycle", "empty_cycle", "backfill", "catchup_cycle", "incr_cycle",
                  "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist")
 STEADY_RESULTS = ("incr_cycle_s", "incr/bare_spark", "history_ratio", "dag_run/bare_submit")  # final-line fields
+# Appended to the final line after STEADY_RESULTS, with their targets (<=) for the report.
+EXTRA_RESULTS = {"empty_cycle/empty_job": 1.0, "dq_history_ratio": 1.1}
 INCREMENT_MINUTES = 15
 # The generator lands a file 1-2 min after its slice ends, so "now" = end of the data landed so far + 2 min:
 # every landed file has arrived by then, and no stream is idle (idle_timeout 30 min), so no heartbeat moves a
@@ -103,7 +107,8 @@ FINAL_RE = re.compile(
     rf"^bench: cycle/bare_spark=(?P<cycle>{_NUM}) backfill/spark_batch=(?P<backfill>{_NUM}) "
     rf"empty_cycle_s=(?P<empty>{_NUM}) events_per_s=(?P<eps>[0-9]+) incr_cycle_s=(?P<incr>{_NUM}) "
     rf"incr/bare_spark=(?P<incr_bare>{_NUM}) history_ratio=(?P<history>{_NUM}) "
-    rf"dag_run/bare_submit=(?P<dag>{_NUM})$"
+    rf"dag_run/bare_submit=(?P<dag>{_NUM}) empty_cycle/empty_job=(?P<empty_ratio>{_NUM}) "
+    rf"dq_history_ratio=(?P<dq_history>{_NUM})$"
 )
 
 
@@ -1139,6 +1144,8 @@ def markdown(results: dict[str, Any]) -> str:
             f"{s['wall_s_min']:.1f}..{s['wall_s_max']:.1f} | {eps} | {s['peak_rss_mb_median']:.0f} | "
             f"{s.get('in_process_s_median', '-')} |"
         )
+    if main:
+        rows += ["", "| result | value |", "|---|---:|", _target_row("empty_cycle/empty_job", results["ratios"])]
     cycles = [s for s in results["summary"] if s["stage"] in SLUICE_STAGES and s.get("stages_s_median")]
     if cycles:
         keys = ["startup", "ingest", "ingest_impressions", "ingest_clicks", "aggregate",
@@ -1221,11 +1228,17 @@ def steady_markdown(steady: dict[str, Any], ratios: dict[str, float]) -> str:
                     f"{s['peak_rss_mb_median']:.0f} |")
     rows += ["", "| steady-state result | value |", "|---|---:|"]
     rows += [f"| {k} | {ratios[k]} |" for k in STEADY_RESULTS]
+    rows.append(_target_row("dq_history_ratio", ratios))
     if steady.get("per_increment"):
         pairs = [f"#{p['increment']} {p.get('incr_cycle', '-')} / {p.get('incr_bare', '-')}"
                  for p in steady["per_increment"]]
         rows += ["", "Per increment, sluice / bare s (run back to back): " + "; ".join(pairs)]
     return "\n".join(rows)
+
+
+def _target_row(key: str, ratios: dict[str, float]) -> str:
+    """A result-table row for one of EXTRA_RESULTS: its value, its target in the label."""
+    return f"| {key} (≤ {EXTRA_RESULTS[key]}) | {ratios.get(key, float('nan'))} |"
 
 
 def ratio(a: float | None, b: float | None) -> float:
@@ -1376,6 +1389,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     def med(stage: str) -> float | None:
         return by_stage.get(stage, {}).get("wall_s_median")
 
+    def dq_per_window(stage: str) -> float | None:
+        """The median over the stage's runs of their DQ seconds per validated window (None: none validated)."""
+        return by_stage.get(stage, {}).get("dq_per_window_s_median")
+
+    def dq_validating(stage: str) -> float | None:
+        """The median DQ seconds of the stage's runs that validated at least one window (None: none did)."""
+        dq = [r.details["stages"]["dq"] for r in bench.runs if r.stage == stage and r.rc in (0, 2)
+              and r.details.get("dq_windows") and "dq" in r.details.get("stages", {})]
+        return _median(dq) if dq else None
+
     incr_s = med("incr_cycle")
     ratios: dict[str, float] = {
         "cycle/bare_spark": ratio(med("cycle"), med("bare_spark")),
@@ -1385,6 +1408,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "incr_cycle_s": round(incr_s, 2) if incr_s else float("nan"),
         "incr/bare_spark": ratio(incr_s, med("incr_bare")),
         "history_ratio": ratio(med("incr_long_hist"), med("incr_short_hist")),
+        # Per validated window: the 7-day catch-up validates 7x the windows of the 1-day one.
+        "dq_history_ratio": ratio(dq_per_window("catchup_long_hist"), dq_per_window("catchup_short_hist")),
+        "dq_incr_history_ratio": ratio(dq_validating("incr_long_hist"), dq_validating("incr_short_hist")),
         "dag_run/bare_submit": ratio(med("dag_run"), med("bare_submit")),
     }
     results = {
@@ -1427,10 +1453,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     cycle_s = med("cycle")
     eps = round(data.total_lines / cycle_s) if cycle_s else 0
     empty = med("empty_cycle")
-    # The old fields first, unchanged; then the steady state's (nan when skipped or failed).
+    # The old fields first, unchanged; then the steady state's, then EXTRA_RESULTS (nan when skipped or failed).
     print(f"bench: cycle/bare_spark={ratios['cycle/bare_spark']} backfill/spark_batch={ratios['backfill/spark_batch']} "
           f"empty_cycle_s={empty if empty is not None else 'nan'} events_per_s={eps} "
-          + " ".join(f"{k}={ratios[k]}" for k in STEADY_RESULTS))
+          + " ".join(f"{k}={ratios[k]}" for k in (*STEADY_RESULTS, *EXTRA_RESULTS)))
     return 1 if failed else 0
 
 

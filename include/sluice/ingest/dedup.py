@@ -15,40 +15,45 @@ from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
 
 
-def seen_in_batch(seen_ids: DataFrame, spec: StreamSpec, *, small: bool = True) -> Any:
-    """Flag (``_seen``) the valid records whose id was already accepted or dead-lettered (``seen_ids``:
-    one ``id`` column, the text the id was parsed from).
+def duplicate_lines(df: DataFrame, seen_ids: DataFrame | None, spec: StreamSpec, line_id: str, *,
+                    small: bool = True) -> DataFrame:
+    """The lines (``line_id``) of ``df`` that are duplicates: valid records whose id was already accepted or
+    dead-lettered (``seen_ids``: one ``id`` column, the text the id was parsed from; None when no earlier batch
+    accepted or dead-lettered anything), or that have an earlier valid copy in this batch (earlier file in
+    arrival order; ties broken by the raw line so that the choice is deterministic). A quarantined copy of an
+    id (bad timestamp, early) is not a record: it never makes a valid one a duplicate, as it cannot when the
+    two land in different triggers.
 
-    The look-up goes from the horizon to the batch: every id of the horizon is probed against a hash of
-    the batch's ids (broadcast when the batch is ``small``), and only the few that match are joined back.
-    The dedup horizon (rate x ``dedup_retention``) is much larger than a steady-state batch, and shuffling
-    all of it to join it with the batch cost more than the rest of the batch's work."""
+    Only the ids are shuffled to find those with several valid copies, and only the rows of those ids (and of
+    ids seen before) are ranked: most ids of a batch are unique, and ranking every row by a window over the
+    whole batch shuffled and sorted all of it. The look-up of earlier ids goes from the horizon to the batch:
+    every id of the horizon is probed against a hash of the batch's ids (broadcast when the batch is
+    ``small``), and only the few that match are joined back; the dedup horizon (rate x ``dedup_retention``)
+    is much larger than a steady-state batch."""
+    id_col = f"_s_{spec.id_field}"
+    valid = df.filter(F.col("reason").isNull())
+    ids = valid.select(F.col(id_col).alias("id"))
+    several = ids.groupBy("id").agg(F.count(F.lit(1)).alias("_n")).filter(F.col("_n") > 1).select(
+        "id", F.lit(False).alias("_seen"))
+    suspects = several
+    if seen_ids is not None:
+        matched = seen_ids.select("id").join(F.broadcast(ids) if small else ids, "id", "left_semi").distinct()
+        suspects = suspects.unionByName(matched.select("id", F.lit(True).alias("_seen")))
+    suspects = suspects.groupBy("id").agg(F.max("_seen").alias("_seen"))
+    # Arrival order is (mtime, path), the order batch ids are given in.
+    order = Window.partitionBy("id").orderBy("arrival_time", "source_file", "raw")
+    ranked = valid.select(F.col(id_col).alias("id"), "arrival_time", "source_file", "raw", line_id).join(
+        suspects, "id").withColumn("_rank", F.row_number().over(order))
+    return ranked.filter(F.col("_seen") | (F.col("_rank") > 1)).select(line_id)
+
+
+def mark_duplicates(duplicates: DataFrame, line_id: str) -> Any:
+    """Flag (``_duplicate``) the lines that :func:`duplicate_lines` found (a small frame, broadcast)."""
 
     def transform(df: DataFrame) -> DataFrame:
-        id_col = f"_s_{spec.id_field}"
-        batch_ids = df.filter(F.col("reason").isNull()).select(F.col(id_col).alias("id"))
-        matched = seen_ids.select("id").join(F.broadcast(batch_ids) if small else batch_ids, "id", "left_semi")
-        seen = matched.distinct().select(F.col("id").alias("_seen_id"), F.lit(True).alias("_seen"))
-        return df.join(seen, df[id_col] == seen["_seen_id"], "left").drop("_seen_id")
-
-    return transform
-
-
-def mark_duplicates(spec: StreamSpec) -> Any:
-    """A valid record is a duplicate when its id was already accepted or dead-lettered (``_seen``, from
-    :func:`seen_in_batch`), or an earlier copy exists in this batch (earlier file in arrival order; ties
-    broken by the raw line so the choice is deterministic)."""
-
-    def transform(df: DataFrame) -> DataFrame:
-        id_col = f"_s_{spec.id_field}"
-        candidate = F.col("reason").isNull()
-        # Valid copies rank first: a quarantined copy of the id (bad timestamp, early) is not a record, so it
-        # must not make the valid one a duplicate - as it cannot when the two land in different triggers.
-        # Arrival order is (mtime, path), the order batch ids are given in.
-        order = Window.partitionBy(id_col).orderBy(F.col("reason").isNotNull(), "arrival_time", "source_file", "raw")
-        ranked = df.withColumn("_rank", F.when(candidate, F.row_number().over(order)))
-        is_dup = candidate & ((F.col("_rank") > 1) | F.col("_seen").isNotNull())
-        return ranked.withColumn("_duplicate", F.coalesce(is_dup, F.lit(False))).drop("_rank", "_seen")
+        flagged = duplicates.select(line_id, F.lit(True).alias("_duplicate"))
+        return df.join(F.broadcast(flagged), line_id, "left").withColumn(
+            "_duplicate", F.coalesce(F.col("_duplicate"), F.lit(False)))
 
     return transform
 

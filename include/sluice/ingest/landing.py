@@ -41,6 +41,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sluice.config import Settings
@@ -72,7 +73,7 @@ class StreamIngest:
     """Runs one availableNow ingest query for one stream and the heartbeat after it."""
 
     def __init__(self, ctx: RunContext, spec: StreamSpec):
-        self.spark = ctx.spark
+        self._ctx = ctx
         self.settings = ctx.settings
         self.engine = ctx.engine
         self.state = ctx.state
@@ -87,11 +88,21 @@ class StreamIngest:
         # The readable landing files this cycle found new: what the ingest query's batches are made of.
         self._pending: list[ObjectInfo] = []
         self._advance: Callable[[int], None] = nothing
+        self._tables_ready = False
+
+    @property
+    def spark(self) -> SparkSession:
+        """The run's Spark session, started when first needed (a cycle with nothing to do needs none)."""
+        return self._ctx.spark
 
     # -- setup --------------------------------------------------------------------------------------
     def ensure_tables(self) -> None:
-        for table in (tables.INGEST_BATCHES, self.bronze, self.quarantine, self.dlq):
-            self.engine.ensure_table(table.path(self.settings), table.schema, table.partition_by)
+        """The stream's tables, made before its first write: a cycle that finds nothing to write creates none,
+        and starts no JVM (delta-spark creates the tables Spark writes, SPEC 7)."""
+        if self._tables_ready:
+            return
+        tables.ensure_stream_tables(self.engine, self.settings, self.spec)
+        self._tables_ready = True
 
     def query_id(self) -> str:
         """Identifies the checkpoint lineage, so that Spark batch ids of a new checkpoint (which restart at
@@ -101,7 +112,6 @@ class StreamIngest:
 
     # -- the cycle ----------------------------------------------------------------------------------
     def run(self) -> list[BatchRow]:
-        self.ensure_tables()
         self.reconcile_single_row_batches()
         landing = self.settings.landing.join(self.spec.name)
         # One listing serves the unreadable-file probe, the "anything to do?" test and the progress total.
@@ -109,6 +119,7 @@ class StreamIngest:
         readable = self.quarantine_unreadable(self._new_files(listed)) if listed is not None else []
         self._pending = readable
         if listed is not None and (readable or self._uncommitted_batch()):
+            self.ensure_tables()
             with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
                 self._run_query(landing)
             self._advance = nothing
@@ -159,6 +170,7 @@ class StreamIngest:
         for f in new:
             if errors.get(f.uri) is None:
                 continue
+            self.ensure_tables()
             batch_id += 1
             arrival = f.modified
             # The file counts as one line, its one quarantine row, so lines = accepted + quarantined + late +
@@ -236,6 +248,7 @@ class StreamIngest:
         row = heartbeat(spec, load_state(self.settings, spec.name), self.settings.now())
         if row is None:
             return
+        self.ensure_tables()
         self.engine.append_rows(
             ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=app_id(spec.name), version=row.batch_id, metadata=self._single_meta(row),
@@ -255,10 +268,12 @@ class StreamIngest:
             if row.is_heartbeat and (bronze_done is None or row.batch_id > bronze_done):
                 log.warning("%s: completing heartbeat batch %s after an interrupted cycle",
                             self.spec.name, row.batch_id)
+                self.ensure_tables()
                 self._write_heartbeat(row)
             elif row.unreadable and (quarantine_done is None or row.batch_id > quarantine_done):
                 log.warning("%s: completing the quarantine of unreadable file batch %s after an interrupted "
                             "cycle", self.spec.name, row.batch_id)
+                self.ensure_tables()
                 self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
                                                        credentials_for(self.settings.landing.uri)))
 

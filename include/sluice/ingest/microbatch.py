@@ -37,7 +37,7 @@ from pyspark.sql.types import StringType, TimestampType
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.spark import collected_utc, local_frame
-from sluice.ingest.dedup import mark_duplicates, seen_ids, seen_in_batch
+from sluice.ingest.dedup import duplicate_lines, mark_duplicates, seen_ids
 from sluice.ingest.files import source_key
 from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
@@ -139,10 +139,13 @@ class MicroBatchIngest:
         classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent).persist(
             StorageLevel.MEMORY_AND_DISK)
         try:
-            seen = seen_ids(self.engine, self.settings, spec, prior, first_id)
-            flag_seen = seen_in_batch(seen, spec, small=self._small_batch())
-            parsed = classified.transform(flag_seen).transform(mark_duplicates(spec)).persist(
+            # No earlier batch accepted or dead-lettered a record (a new stream): no id was seen before.
+            earlier = any(r.accepted or r.late for r in prior.rows)
+            seen = seen_ids(self.engine, self.settings, spec, prior, first_id) if earlier else None
+            duplicates = duplicate_lines(classified, seen, spec, LINE_ID, small=self._small_batch()).persist(
                 StorageLevel.MEMORY_AND_DISK)
+            # Not cached itself: the cached lines and a broadcast join of the few duplicates' line ids.
+            parsed = classified.transform(mark_duplicates(duplicates, LINE_ID))
             try:
                 # One Spark job lists the batch's files and counts what happened to their lines.
                 per_file = self._per_file(parsed, prior.watermark)
@@ -154,7 +157,7 @@ class MicroBatchIngest:
                 elif per_file:
                     self._finish_batch(parsed, per_file, existing, prior, spark_batch_id, first_id)
             finally:
-                parsed.unpersist()
+                duplicates.unpersist()
         finally:
             classified.unpersist()
 

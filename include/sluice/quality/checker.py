@@ -21,7 +21,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.config import Settings
@@ -153,11 +153,16 @@ def merged_reports(first: QualityReport | None, second: QualityReport | None) ->
 
 class QualityChecker:
     def __init__(self, ctx: RunContext, pipeline: PipelineDef):
-        self.spark = ctx.spark
+        self._ctx = ctx
         self.settings = ctx.settings
         self.engine = ctx.engine
         self.ledger = ctx.ledger(pipeline.name)
         self.pipeline = pipeline
+
+    @property
+    def spark(self) -> SparkSession:
+        """The run's Spark session, started when first needed (a cycle with nothing to do needs none)."""
+        return self._ctx.spark
 
     def pending(self) -> list[Window]:
         """Windows closed but not yet validated (including any left over by an interrupted cycle)."""
@@ -320,6 +325,7 @@ class QualityChecker:
         queries = []
         for stream in self.pipeline.streams:
             spec = self.settings.stream(stream)
+            tables.ensure_stream_tables(self.engine, self.settings, spec)
             on_stream = [(output, c) for output, c in self._completeness_checks() if c.stream == stream]
             bronze = self.engine.read(
                 tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)

@@ -70,7 +70,9 @@ def make_context(site: DocsSite) -> AbstractDataContext:
                 "class_name": "SiteBuilder",
                 "show_how_to_buttons": False,
                 "store_backend": pages,
-                "site_index_builder": {"class_name": "DefaultSiteIndexBuilder"},
+                # GE's index builder, reading each stored result once (sluice.quality.docs_index).
+                "site_index_builder": {"module_name": "sluice.quality.docs_index",
+                                       "class_name": "CachedSiteIndexBuilder", "cache_root": site.stores},
             }
         },
         analytics_enabled=False,

@@ -63,10 +63,10 @@ class RunContext:
 
     @cached_property
     def engine(self) -> DeltaEngine:
-        """delta-spark, for every table Spark writes (starts the session)."""
+        """delta-spark, for every table Spark writes (the session starts when the engine first needs it)."""
         from sluice.storage.engines import engine_for
 
-        return engine_for(self.spark, self.settings)
+        return engine_for(lambda: self.spark, self.settings)
 
     @cached_property
     def ops_engine(self) -> OpsDeltaEngine:

@@ -114,7 +114,9 @@ class RowsEngine(Protocol):
 class DeltaEngine(RowsEngine, Protocol):
     """What sluice needs from a Delta implementation. Paths are table roots (local paths or URIs)."""
 
-    spark: SparkSession
+    @property
+    def spark(self) -> SparkSession:
+        """The engine's Spark session (started on first use)."""
 
     def append(
         self,

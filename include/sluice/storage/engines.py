@@ -7,6 +7,8 @@ hands them out.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
@@ -15,9 +17,10 @@ from sluice.storage.spark_engine import SparkDeltaEngine
 from sluice.storage.tables import table_properties
 
 
-def engine_for(spark: SparkSession, settings: Settings) -> DeltaEngine:
-    """The engine of a Spark session: delta-spark for every table Spark writes (and the ops tables through
-    :func:`ops_engine`'s delta-rs), creating tables with sluice's table properties."""
+def engine_for(spark: SparkSession | Callable[[], SparkSession], settings: Settings) -> DeltaEngine:
+    """The engine of a Spark session (or of what starts it on first use): delta-spark for every table Spark
+    writes (and the ops tables through :func:`ops_engine`'s delta-rs), creating tables with sluice's table
+    properties."""
     return SparkDeltaEngine(spark, table_properties(settings))
 
 

@@ -38,12 +38,21 @@ class SparkDeltaEngine:
     """delta-spark writes every table Spark computes; the small ops tables (``ops/*``), whose rows the driver
     builds, stay on delta-rs (see the module docstring). Never two writing engines on one table."""
 
-    def __init__(self, spark: SparkSession, properties: Mapping[str, str] | None = None) -> None:
-        self.spark = spark
+    def __init__(self, spark: SparkSession | Callable[[], SparkSession],
+                 properties: Mapping[str, str] | None = None) -> None:
+        # The session, or what starts it on first use: reading a table's log or writing an ops table needs no
+        # JVM, so a cycle with nothing to write never starts one.
+        self._spark = spark
         self.properties = dict(properties or {})
         # The ops tables' engine. App transactions and commit metadata are read from the log by
         # sluice.storage.snapshots (reading a Delta log is engine-neutral; writing is not).
         self._ops = OpsDeltaEngine(properties)
+
+    @property
+    def spark(self) -> SparkSession:
+        if not isinstance(self._spark, SparkSession):
+            self._spark = self._spark()
+        return self._spark
 
     # -- tables -------------------------------------------------------------------------------------
     def ensure_table(self, path: str, schema: StructType, partition_by: Sequence[str] = ()) -> None:

@@ -28,6 +28,7 @@ from sluice.core.model import StreamSpec
 
 if TYPE_CHECKING:
     from sluice.config import Settings
+    from sluice.storage.engine import DeltaEngine
 
 
 @dataclass(frozen=True)
@@ -231,6 +232,14 @@ def table_properties(settings: Settings) -> dict[str, str]:
         "delta.logRetentionDuration": f"interval {max(hours, 30 * 24)} hours",
         "delta.checkpointInterval": "10",
     }
+
+
+def ensure_stream_tables(engine: DeltaEngine, settings: Settings, spec: StreamSpec) -> None:
+    """A stream's tables (bronze, quarantine, dlq and ops/ingest_batches): made by ingest before its first write,
+    so that a cycle with nothing to write creates none (and starts no JVM: delta-spark creates the tables Spark
+    writes), and by a Spark reader of a stream that never received a file (a backfill over it reads nothing)."""
+    for table in (INGEST_BATCHES, bronze(spec), quarantine(spec), dlq(spec)):
+        engine.ensure_table(table.path(settings), table.schema, table.partition_by)
 
 
 def bronze_hours(path: str) -> dict[datetime, int]:

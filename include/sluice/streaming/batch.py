@@ -130,6 +130,7 @@ def batch_inputs(
     frames = {}
     for stream in pipeline.streams:
         spec = settings.stream(stream)
+        tables.ensure_stream_tables(engine, settings, spec)
         bronze = engine.read(tables.bronze(spec).path(settings), files=in_range).filter(~F.col("is_heartbeat"))
         if include_late:
             dlq = engine.read(tables.dlq(spec).path(settings))

@@ -33,7 +33,7 @@ from sluice.streaming.batch import streams_without_files
 from sluice.streaming.changes import plan_pipeline
 from sluice.streaming.corrections import CorrectionReport, run_corrections
 from sluice.streaming.rebuild import ChangeReport, apply_changes
-from sluice.streaming.runner import AggregateResult, PipelineRunner
+from sluice.streaming.runner import AggregateResult, PipelineRunner, has_records
 from sluice.windows.late import scan_amendments
 
 log = logging.getLogger("sluice.cycle")
@@ -130,10 +130,12 @@ def run_cycle(
         amended = scan_amendments(ctx.ledger(pipeline), engine, ctx.state, definition)
         # A changed definition is applied before any window closes under it (SPEC 9): rebuilt, gone forward,
         # or refused (exit 1, nothing written).
-        plan = plan_pipeline(ctx, definition)
-        changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts, plan=plan)
+        # Until a stream accepts a record no gold exists to rebuild, and the pipeline's first run with records
+        # records its definitions: a cycle with nothing yet analyses none (and starts no JVM).
+        plan = plan_pipeline(ctx, definition) if has_records(settings, definition) else None
+        changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts, plan=plan) if plan else None
         # The runner records the same definitions with the windows it closes: analysed once per cycle.
-        runner = PipelineRunner(ctx, definition, definitions=plan.definitions)
+        runner = PipelineRunner(ctx, definition, definitions=plan.definitions if plan else None)
         if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
             warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)

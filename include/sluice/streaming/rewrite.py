@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.alerting.outbox import AlertTally
@@ -121,7 +121,7 @@ class Backfill:
     ):
         self.deliver_alerts = deliver_alerts
         self.ctx = ctx
-        self.spark = ctx.spark
+        self._ctx = ctx
         self.settings = ctx.settings
         self.engine = ctx.engine
         self.ledger = ctx.ledger(request.pipeline.name)
@@ -132,6 +132,11 @@ class Backfill:
         # The validation round of each window, as planned before the first commit (a window missing from it
         # was not in the ledger then: round 1). None: the ledger's attempt + 1 when validating.
         self.rounds = rounds
+
+    @property
+    def spark(self) -> SparkSession:
+        """The run's Spark session, started when first needed (a cycle with nothing to do needs none)."""
+        return self._ctx.spark
 
     def _margin(self) -> timedelta:
         # Everything that can reach a window: the window itself, plus the join bound both ways.

@@ -38,10 +38,11 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming import StreamingQuery
 
+from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.spark import collected_utc, local_frame
 from sluice.core.windows import Window
@@ -88,10 +89,15 @@ class AggregateResult:
         return sorted({w for ws in self.closed.values() for w in ws})
 
 
+def has_records(settings: Settings, pipeline: PipelineDef) -> bool:
+    """Whether any stream of ``pipeline`` accepted a record yet (its ops rows, read on the driver)."""
+    return any(r.accepted for s in pipeline.streams for r in load_state(settings, s).rows)
+
+
 class PipelineRunner:
     def __init__(self, ctx: RunContext, pipeline: PipelineDef,
                  definitions: Mapping[str, OutputDefinition] | None = None):
-        self.spark = ctx.spark
+        self._ctx = ctx
         self.settings = ctx.settings
         self.engine = ctx.engine
         self.state = ctx.state
@@ -104,6 +110,11 @@ class PipelineRunner:
         self._definitions: dict[str, OutputDefinition] | None = None if definitions is None else dict(definitions)
         # Each output's checkpoint generation (a change to the pipeline starts a new one, SPEC 9).
         self._recorded: dict[str, Recorded] = recorded_outputs(self.state, pipeline.name)
+
+    @property
+    def spark(self) -> SparkSession:
+        """The run's Spark session, started when first needed (a cycle with nothing to do needs none)."""
+        return self._ctx.spark
 
     def definitions(self) -> dict[str, OutputDefinition]:
         """The outputs' definitions (analysed once per run, when it first writes a window)."""
@@ -147,15 +158,21 @@ class PipelineRunner:
             frames[stream] = prepare_input(spec, raw)
         return frames
 
+    def has_records(self) -> bool:
+        """Whether any stream of the pipeline accepted a record (ops rows, no Spark)."""
+        return has_records(self.settings, self.pipeline)
+
     def run(self) -> AggregateResult:
-        self.ensure_tables()
         for output in self.pipeline.outputs:
             self.result.closed.setdefault(output.name, [])
-        if not any(r.accepted for s in self.pipeline.streams for r in load_state(self.settings, s).rows):
+        if not self.has_records():
             # Only heartbeats so far: no window can hold a row, and a later first query replays these
-            # versions anyway. Skipping saves starting the stateful queries (seconds each) on empty runs.
+            # versions anyway. Skipping saves starting the stateful queries (seconds each) on empty runs, and
+            # the JVM itself: gold's schema is the build's, which only Spark can analyse.
+            self.engine.ensure_table(WINDOW_LEDGER.path(self.settings), WINDOW_LEDGER.schema)
             log.info("%s: no records accepted yet; nothing to aggregate", self.pipeline.name)
             return self.result
+        self.ensure_tables()
         if closing_boundary(self.settings, self.pipeline) is None:
             # A stream without a watermark (no file yet, SPEC 3) holds every window open. The stateful queries
             # take these rows in the first cycle that can close a window, exactly as in any deferred cycle.
