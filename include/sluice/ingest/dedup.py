@@ -42,8 +42,10 @@ def duplicate_lines(df: DataFrame, seen_ids: DataFrame | None, spec: StreamSpec,
     suspects = suspects.groupBy("id").agg(F.max("_seen").alias("_seen"))
     # Arrival order is (mtime, path), the order batch ids are given in.
     order = Window.partitionBy("id").orderBy("arrival_time", "source_file", "raw")
+    # The suspects are few (about 1% of a batch's ids are duplicates): broadcast, so that only their rows are
+    # ranked, where a sort-merge join shuffled every valid row of the batch to find them.
     ranked = valid.select(F.col(id_col).alias("id"), "arrival_time", "source_file", "raw", line_id).join(
-        suspects, "id").withColumn("_rank", F.row_number().over(order))
+        F.broadcast(suspects), "id").withColumn("_rank", F.row_number().over(order))
     return ranked.filter(F.col("_seen") | (F.col("_rank") > 1)).select(line_id)
 
 

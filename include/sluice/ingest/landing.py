@@ -35,8 +35,10 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -69,10 +71,14 @@ from sluice.storage.tables import HEARTBEAT_PREFIX
 log = logging.getLogger("sluice.ingest")
 
 
+def nothing_to_wait_for() -> None:
+    """A stream ingested on its own writes whenever it is ready."""
+
+
 class StreamIngest:
     """Runs one availableNow ingest query for one stream and the heartbeat after it."""
 
-    def __init__(self, ctx: RunContext, spec: StreamSpec):
+    def __init__(self, ctx: RunContext, spec: StreamSpec, before_write: Callable[[], None] = nothing_to_wait_for):
         self._ctx = ctx
         self.settings = ctx.settings
         self.engine = ctx.engine
@@ -89,6 +95,8 @@ class StreamIngest:
         self._pending: list[ObjectInfo] = []
         self._advance: Callable[[int], None] = nothing
         self._tables_ready = False
+        # Called before each write to a table (run_ingest: waits until the streams before this one are done).
+        self._before_write = before_write
 
     @property
     def spark(self) -> SparkSession:
@@ -171,6 +179,7 @@ class StreamIngest:
             if errors.get(f.uri) is None:
                 continue
             self.ensure_tables()
+            self._before_write()
             batch_id += 1
             arrival = f.modified
             # The file counts as one line, its one quarantine row, so lines = accepted + quarantined + late +
@@ -213,7 +222,8 @@ class StreamIngest:
 
     def _run_query(self, landing: str) -> None:
         batches = MicroBatchIngest(
-            self.spark, self.settings, self.engine, self.spec, self.query_id(), self._pending, self._report
+            self.spark, self.settings, self.engine, self.spec, self.query_id(), self._pending, self._report,
+            before_commit=self._before_write,
         )
         stream = (
             self.spark.readStream.format("text")
@@ -249,6 +259,7 @@ class StreamIngest:
         if row is None:
             return
         self.ensure_tables()
+        self._before_write()
         self.engine.append_rows(
             ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=app_id(spec.name), version=row.batch_id, metadata=self._single_meta(row),
@@ -269,11 +280,13 @@ class StreamIngest:
                 log.warning("%s: completing heartbeat batch %s after an interrupted cycle",
                             self.spec.name, row.batch_id)
                 self.ensure_tables()
+                self._before_write()
                 self._write_heartbeat(row)
             elif row.unreadable and (quarantine_done is None or row.batch_id > quarantine_done):
                 log.warning("%s: completing the quarantine of unreadable file batch %s after an interrupted "
                             "cycle", self.spec.name, row.batch_id)
                 self.ensure_tables()
+                self._before_write()
                 self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
                                                        credentials_for(self.settings.landing.uri)))
 
@@ -331,22 +344,62 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
     pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record).
 
+    The streams are ingested side by side, one thread each, but write in the order they are given: a stream
+    waits, before its first write, until every stream before it is done. So a small stream's query start, its
+    listing and its parse overlap a large stream's Spark work, and the tables still get the commits in the
+    same order as one stream after the other (ops/ingest_batches is shared). A stream that fails stops the
+    streams after it before their first write, as running them one after the other would.
+
     Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
     many, over all its streams."""
-    out = {}
     # Every stream's declaration first: a change that would change what ingested records mean is refused
     # before any stream of the cycle writes anything (SPEC 9).
     for name in streams:
         spec = ctx.settings.stream(name)
         check_declaration(spec, ctx.state, tables.bronze(spec).path(ctx.settings))
-    for name in streams:
-        spec = ctx.settings.stream(name)
-        with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
-            out[name] = StreamIngest(ctx, spec).run()
+    # The shared ops table before the threads (delta-rs, no JVM): they would race to create it.
+    ops = tables.INGEST_BATCHES
+    ctx.ops_engine.ensure_table(ops.path(ctx.settings), ops.schema, ops.partition_by)
+    done = [threading.Event() for _ in streams]
+    failed: list[str] = []
+
+    def wait_for_earlier(index: int) -> Callable[[], None]:
+        def wait() -> None:
+            for event in done[:index]:
+                event.wait()
+            if failed:
+                raise IngestAborted(f"{streams[index]}: not ingested, because {failed[0]} failed first")
+        return wait
+
+    def ingest(index: int, name: str) -> list[BatchRow]:
+        try:
+            with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
+                return StreamIngest(ctx, ctx.settings.stream(name), wait_for_earlier(index)).run()
+        except BaseException:
+            failed.append(name)
+            raise
+        finally:
+            done[index].set()
+
+    # The run's resources before the threads share them (each is made on first use).
+    _ = ctx.engine, ctx.state
+    with ThreadPoolExecutor(max(1, len(streams)), thread_name_prefix="sluice-ingest") as pool:
+        futures = {name: pool.submit(ingest, i, name) for i, name in enumerate(streams)}
+        wait(list(futures.values()))
+    # The first failure in stream order (the others may only say that they were stopped by it).
+    errors = [f.exception() for f in futures.values() if f.exception() is not None]
+    first = next((e for e in errors if not isinstance(e, IngestAborted)), errors[0] if errors else None)
+    if first is not None:
+        raise first
+    out = {name: future.result() for name, future in futures.items()}
     future = arrived_after(out, ctx.now)
     if future:
         log.warning("%s", arrived_after_message(future, ctx.now))
     return out
+
+
+class IngestAborted(RuntimeError):
+    """A stream was not ingested because a stream before it in the run failed."""
 
 
 def summary(settings: Settings, streams: Sequence[str]) -> dict[str, dict[str, Any]]:

@@ -97,6 +97,7 @@ class MicroBatchIngest:
         query_id: str,
         pending: list[ObjectInfo],
         report: Callable[[BatchRow], None],
+        before_commit: Callable[[], None] | None = None,
     ):
         self.spark = spark
         self.settings = settings
@@ -111,6 +112,8 @@ class MicroBatchIngest:
         self._pending = pending
         # Records a committed row (StreamIngest's reports and progress).
         self._report = report
+        # Waits for this stream's turn to write (see sluice.ingest.landing.run_ingest).
+        self._before_commit = before_commit or (lambda: None)
 
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
         state = load_state(self.settings, self.spec.name)
@@ -299,6 +302,7 @@ class MicroBatchIngest:
             "query_id": rows[0].query_id,
         }
         appid = app_id(spec.name)
+        self._before_commit()
         # The ops rows go first: they pin the batch ids if the rest has to be retried.
         self.engine.append_rows(
             ops_rows(rows), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),

@@ -11,6 +11,7 @@ to do (or fails on its arguments) never starts a JVM.
 from __future__ import annotations
 
 import dataclasses
+import threading
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -26,6 +27,8 @@ from sluice.windows.ledger import Ledger
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+
+_STARTING = threading.Lock()
 
 
 @dataclass
@@ -55,10 +58,11 @@ class RunContext:
     @property
     def spark(self) -> SparkSession:
         """The run's Spark session: the edge's, or one this context starts on first use."""
-        if self.session is None:
-            from sluice.runtime.spark import get_spark  # imports PySpark's JVM side only when Spark is needed
+        with _STARTING:  # the streams' ingest threads may ask for it at once: one session
+            if self.session is None:
+                from sluice.runtime.spark import get_spark  # imports PySpark's JVM side only when Spark is needed
 
-            self.session = get_spark(self.settings, self.app_name)
+                self.session = get_spark(self.settings, self.app_name)
         return self.session
 
     @cached_property
