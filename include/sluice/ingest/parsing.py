@@ -77,9 +77,13 @@ def parse_lines(spec: StreamSpec) -> Any:
         df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
                               for f in spec.fields])
         df = df.select("*", *[F.schema_of_variant(f"_j_{f}").alias(f"_t_{f}") for f in spec.fields])
+        # A double's value, in a column of its own: written into its canonical text it was read eight times
+        # a field, and the generated code grew too large for the JIT to compile.
+        df = df.select("*", *[F.when(F.col(f"_t_{f}") == "DOUBLE", F.variant_get(f"_j_{f}", "$", "double"))
+                              .alias(f"_d_{f}") for f in spec.fields])
         df = df.select("*", *[_text(f).alias(f"_s_{f}") for f in spec.fields])
         values = [typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME]
-        return df.select("*", *values).drop("_doc", *[f"_j_{f}" for f in spec.fields])
+        return df.select("*", *values).drop("_doc", *[f"_{p}_{f}" for p in "jd" for f in spec.fields])
 
     return transform
 
@@ -124,7 +128,7 @@ def _text(field_name: str) -> Column:
     value, jtype = F.col(f"_j_{field_name}"), F.col(f"_t_{field_name}")
     return (
         F.when(jtype == "STRING", F.variant_get(value, "$", "string"))
-        .when(jtype == "DOUBLE", _canonical_double(F.variant_get(value, "$", "double")))
+        .when(jtype == "DOUBLE", _canonical_double(F.col(f"_d_{field_name}")))
         .when(jtype != "VOID", F.to_json(value))
     )
 
@@ -206,20 +210,23 @@ def classify_invalid(spec: StreamSpec) -> Any:
             .when(any_of(bad_type), "bad_type")
             .when(event_time > early, "early")
         )
+        # The detail follows the reason, read from its column: a valid line (no reason) evaluates no condition
+        # twice, where the detail's own chain of conditions repeated the reason's for every line.
+        why = F.col("reason")
+        too_old_detail = F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts, F.lit(
+            f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest event time sluice accepts"))
         detail = (
-            F.when(F.col("_blank"), None)
-            .when(F.col("_bad_encoding"), BAD_ENCODING_DETAIL)
-            .when(F.col("_malformed"), None)
-            .when(any_missing, F.concat(F.lit("missing: "), missing_names))
-            .when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
-                                                F.coalesce(raw_ts, F.lit("<null>"))))
-            .when(too_old, F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts,
-                                    F.lit(f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest "
-                                          "event time sluice accepts")))
-            .when(any_of(bad_ts), first(bad_ts, "RFC 3339 timestamp"))
-            .when(any_of(bad_type), first(bad_type, ""))
-            .when(event_time > early, F.concat(F.lit("arrival_time + "),
-                                               F.lit(str(spec.early_tolerance)), F.lit(" exceeded")))
+            F.when(why.isNull() | why.isin(BLANK, "malformed_json"), None)
+            .when(why == "bad_encoding", BAD_ENCODING_DETAIL)
+            .when(why == "missing_field", F.concat(F.lit("missing: "), missing_names))
+            .when(why == "bad_timestamp",
+                  F.when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
+                                                       F.coalesce(raw_ts, F.lit("<null>"))))
+                  .when(too_old, too_old_detail)
+                  .otherwise(first(bad_ts, "RFC 3339 timestamp")))
+            .when(why == "bad_type", first(bad_type, ""))
+            .when(why == "early", F.concat(F.lit("arrival_time + "), F.lit(str(spec.early_tolerance)),
+                                           F.lit(" exceeded")))
         )
         return df.withColumn("reason", reason).withColumn("detail", detail)
 

@@ -151,7 +151,8 @@ class SparkDeltaEngine:
             return False
         chosen = None if files is None else self._partitions(path, files)
         condition = "true" if chosen is None else _any_of(chosen)
-        current = self.spark.read.format("delta").load(str(path)).where(condition)
+        # The rows it replaces, read as read() reads (the files the log lists, no delta-spark snapshot jobs).
+        current = self.read(str(path), files=files).where(condition)
         # A column the table has and ``df`` lacks (an output that went forward without it, SPEC 9) reads null.
         rewritten = keep(current).unionByName(df, allowMissingColumns=True)
         return _write_in_transaction(
