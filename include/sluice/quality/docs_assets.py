@@ -88,6 +88,10 @@ def _host(url: str) -> str:
     return url.split("//", 1)[1].split("/", 1)[0]
 
 
+# Beside the pages: which of them make_offline has looked at (relative path -> modification time, ns).
+CHECKED = ".offline.json"
+
+
 def make_offline(docs_dir: Path) -> int:
     """Install the vendored assets in ``docs_dir/_static/`` and point every page that still loads an asset
     from a CDN at them; returns the number of pages rewritten (0 when there was nothing to do)."""
@@ -101,12 +105,34 @@ def make_offline(docs_dir: Path) -> int:
     except OSError as exc:
         log.warning("Data Docs stay online-only: cannot install their assets in %s: %s", docs_dir / STATIC, exc)
         return 0
+    # The pages already looked at, by modification time: a build renders only its new pages and the index, so
+    # opening every page of the site on every build made a window's check cost what the lake holds.
+    record = docs_dir / CHECKED
+    try:
+        checked: dict[str, int] = json.loads(record.read_text())
+    except (FileNotFoundError, ValueError):
+        checked = {}
+    before = dict(checked)
     rewritten = 0
     for page in _pages(docs_dir):
+        relative = page.relative_to(docs_dir).as_posix()
         try:
+            if checked.get(relative) == page.stat().st_mtime_ns:
+                continue
             rewritten += _rewrite_page(page, docs_dir)
+            checked[relative] = page.stat().st_mtime_ns
+        except FileNotFoundError:
+            continue
         except OSError as exc:
             log.warning("Data Docs page %s stays online-only: %s", page, exc)
+    if checked == before:
+        return rewritten
+    try:
+        temporary = _temporary(record)
+        temporary.write_text(json.dumps(checked, sort_keys=True))
+        os.replace(temporary, record)
+    except OSError as exc:  # a cache: the next build looks at every page again
+        log.debug("cannot record the checked Data Docs pages in %s: %s", record, exc)
     return rewritten
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.core.lake import Credentials, Root
+from sluice.quality.docs_assets import CHECKED
 
 if TYPE_CHECKING:
     from sluice.config import Settings
@@ -105,7 +106,7 @@ class DocsSite:
             known = {}
         uploaded: list[str] = []
         # The index last: a reader who follows its links finds the pages it names already there.
-        files = sorted((p for p in self.staging.rglob("*") if p.is_file() and p.name != _PUBLISHED),
+        files = sorted((p for p in self.staging.rglob("*") if p.is_file() and p.name not in (_PUBLISHED, CHECKED)),
                        key=lambda p: (p.name == "index.html" and p.parent == self.staging, str(p)))
         for path in files:
             relative = path.relative_to(self.staging).as_posix()
