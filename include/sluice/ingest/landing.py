@@ -112,6 +112,11 @@ class StreamIngest:
         tables.ensure_stream_tables(self.engine, self.settings, self.spec)
         self._tables_ready = True
 
+    def _ready_to_write(self) -> None:
+        """Before a write outside the ingest query: the stream's tables, then its turn (see run_ingest)."""
+        self.ensure_tables()
+        self._before_write()
+
     def query_id(self) -> str:
         """Identifies the checkpoint lineage, so that Spark batch ids of a new checkpoint (which restart at
         0) are never mistaken for those of an old one."""
@@ -178,8 +183,7 @@ class StreamIngest:
         for f in new:
             if errors.get(f.uri) is None:
                 continue
-            self.ensure_tables()
-            self._before_write()
+            self._ready_to_write()
             batch_id += 1
             arrival = f.modified
             # The file counts as one line, its one quarantine row, so lines = accepted + quarantined + late +
@@ -258,8 +262,7 @@ class StreamIngest:
         row = heartbeat(spec, load_state(self.settings, spec.name), self.settings.now())
         if row is None:
             return
-        self.ensure_tables()
-        self._before_write()
+        self._ready_to_write()
         self.engine.append_rows(
             ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
             app_id=app_id(spec.name), version=row.batch_id, metadata=self._single_meta(row),
@@ -279,14 +282,12 @@ class StreamIngest:
             if row.is_heartbeat and (bronze_done is None or row.batch_id > bronze_done):
                 log.warning("%s: completing heartbeat batch %s after an interrupted cycle",
                             self.spec.name, row.batch_id)
-                self.ensure_tables()
-                self._before_write()
+                self._ready_to_write()
                 self._write_heartbeat(row)
             elif row.unreadable and (quarantine_done is None or row.batch_id > quarantine_done):
                 log.warning("%s: completing the quarantine of unreadable file batch %s after an interrupted "
                             "cycle", self.spec.name, row.batch_id)
-                self.ensure_tables()
-                self._before_write()
+                self._ready_to_write()
                 self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
                                                        credentials_for(self.settings.landing.uri)))
 
@@ -361,14 +362,17 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     ops = tables.INGEST_BATCHES
     ctx.ops_engine.ensure_table(ops.path(ctx.settings), ops.schema, ops.partition_by)
     done = [threading.Event() for _ in streams]
-    failed: list[str] = []
+    failed: set[int] = set()
 
     def wait_for_earlier(index: int) -> Callable[[], None]:
         def wait() -> None:
             for event in done[:index]:
                 event.wait()
-            if failed:
-                raise IngestAborted(f"{streams[index]}: not ingested, because {failed[0]} failed first")
+            # Only an earlier stream's failure stops this one: run one after the other, a later stream's
+            # failure would have come after this stream was ingested.
+            earlier = sorted(j for j in failed if j < index)
+            if earlier:
+                raise IngestAborted(f"{streams[index]}: not ingested, because {streams[earlier[0]]} failed first")
         return wait
 
     def ingest(index: int, name: str) -> list[BatchRow]:
@@ -376,7 +380,7 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
             with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
                 return StreamIngest(ctx, ctx.settings.stream(name), wait_for_earlier(index)).run()
         except BaseException:
-            failed.append(name)
+            failed.add(index)
             raise
         finally:
             done[index].set()
