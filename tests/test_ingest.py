@@ -364,3 +364,30 @@ def test_a_many_file_batch_is_listed_in_a_few_tasks_also_when_the_next_cycle_res
     assert stages, "no stage of the two cycles is known to the status tracker"
     assert max(s.numTasks for s in stages) < files, sorted((s.numTasks, s.name) for s in stages)[-3:]
     assert len(table(settings, "bronze/impressions")) == files + 1
+
+
+def test_streams_write_fewest_new_bytes_first_and_a_failure_stops_the_streams_after_it(
+    spark: SparkSession, settings: Settings
+) -> None:
+    """run_ingest's write order: the stream with fewer new bytes writes first, whatever the order given, and a
+    stream that fails stops every stream after it before its first write; the rerun ingests them all."""
+    from sluice.ingest.landing import IngestAborted
+    from sluice.storage import tables
+
+    land(settings, "impressions", "i1.jsonl", [imp(f"i{n}", 1) for n in range(40)], 2)
+    click = json.dumps({"click_id": "c1", "impression_id": "i1", "ad_id": "a1", "event_time": iso(1)})
+    land(settings, "clicks", "c1.jsonl", [click], 2)
+    # The smaller stream (clicks) cannot make its DLQ table: a file stands where its folder goes.
+    blocker = Path(tables.dlq(settings.stream("clicks")).path(settings))
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("not a table\n")
+    with pytest.raises(Exception) as failure:
+        ingest(spark, settings, 5, "impressions", "clicks")
+    assert not isinstance(failure.value, IngestAborted)  # the first failure is the one reported
+    # impressions comes after clicks in the write order (more new bytes), so it wrote nothing.
+    assert load_state(settings, "impressions").rows == []
+    assert load_state(settings, "clicks").rows == []
+    blocker.unlink()
+    ingest(spark, settings, 6, "impressions", "clicks")
+    assert [(r.lines, r.accepted) for r in load_state(settings, "clicks").rows] == [(1, 1)]
+    assert [(r.lines, r.accepted) for r in load_state(settings, "impressions").rows] == [(40, 40)]

@@ -41,7 +41,7 @@ def test_spark_log_conf_points_at_the_packaged_properties(monkeypatch: pytest.Mo
     monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "jars"))  # no class-data archive (tests/core/test_class_data)
     conf = sluice_spark.log_conf()
     option = conf["spark.driver.extraJavaOptions"]
-    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()}"
+    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()} {sluice_spark.JIT_OPTION}"
     assert "rootLogger.level = warn" in sluice_spark.LOG4J2_PROPERTIES.read_text()
     # The user's own Spark logging wins.
     (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")

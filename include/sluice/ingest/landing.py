@@ -38,7 +38,7 @@ import logging
 import threading
 import uuid
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -94,7 +94,8 @@ class StreamIngest:
         # The readable landing files this cycle found new: what the ingest query's batches are made of.
         self._pending: list[ObjectInfo] = []
         self._advance: Callable[[int], None] = nothing
-        self._tables_ready = False
+        # The stream's tables, made once per run, before its first write (see ensure_tables).
+        self._tables: Future[None] | None = None
         # Called before each write to a table (run_ingest: waits until the streams before this one are done).
         self._before_write = before_write
 
@@ -107,10 +108,28 @@ class StreamIngest:
     def ensure_tables(self) -> None:
         """The stream's tables, made before its first write: a cycle that finds nothing to write creates none,
         and starts no JVM (delta-spark creates the tables Spark writes, SPEC 7)."""
-        if self._tables_ready:
-            return
-        tables.ensure_stream_tables(self.engine, self.settings, self.spec)
-        self._tables_ready = True
+        if self._tables is None:
+            self.start_tables()
+        assert self._tables is not None
+        self._tables.result()
+
+    def start_tables(self) -> None:
+        """Start making the stream's tables in a thread of their own: delta-spark takes seconds for the first
+        ones of a session (mostly the driver's work), which the ingest query's parse of the batch, on the
+        executors, hides. The first write waits for them (:meth:`ensure_tables`)."""
+        if self._tables is None:
+            self._tables = Future()
+            thread = threading.Thread(target=self._make_tables, args=(self._tables,),
+                                      name=f"sluice-tables-{self.spec.name}", daemon=True)
+            thread.start()
+
+    def _make_tables(self, done: Future[None]) -> None:
+        try:
+            tables.ensure_stream_tables(self.engine, self.settings, self.spec)
+        except BaseException as exc:  # handed to the writer that waits for the tables
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
     def _ready_to_write(self) -> None:
         """Before a write outside the ingest query: the stream's tables, then its turn (see run_ingest)."""
@@ -132,10 +151,11 @@ class StreamIngest:
         readable = self.quarantine_unreadable(self._new_files(listed)) if listed is not None else []
         self._pending = readable
         if listed is not None and (readable or self._uncommitted_batch()):
-            self.ensure_tables()
+            self.start_tables()
             with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
                 self._run_query(landing)
             self._advance = nothing
+            self.ensure_tables()  # made even when the query wrote nothing (and its errors are this run's)
         elif listed is not None:
             log.info("%s: no new landing files", self.spec.name)
         else:
@@ -155,6 +175,11 @@ class StreamIngest:
             return max((int(o.name) for o in state.list(*self._state, folder) if o.name.isdigit()), default=-1)
 
         return last("offsets") != last("commits")
+
+    def new_bytes(self) -> int:
+        """The size of the landing files no ops row records yet (a listing; nothing is read or written)."""
+        listed = self._listing()
+        return sum(f.size for f in self._new_files(listed)) if listed else 0
 
     def _listing(self) -> list[ObjectInfo] | None:
         """The objects directly in the stream's landing folder (paged on object storage), or None when the
@@ -227,7 +252,7 @@ class StreamIngest:
     def _run_query(self, landing: str) -> None:
         batches = MicroBatchIngest(
             self.spark, self.settings, self.engine, self.spec, self.query_id(), self._pending, self._report,
-            before_commit=self._before_write,
+            before_commit=self._ready_to_write,
         )
         stream = (
             self.spark.readStream.format("text")
@@ -345,11 +370,13 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
     pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record).
 
-    The streams are ingested side by side, one thread each, but write in the order they are given: a stream
-    waits, before its first write, until every stream before it is done. So a small stream's query start, its
-    listing and its parse overlap a large stream's Spark work, and the tables still get the commits in the
-    same order as one stream after the other (ops/ingest_batches is shared). A stream that fails stops the
-    streams after it before their first write, as running them one after the other would.
+    The streams are ingested side by side, one thread each, but write one after the other: a stream waits,
+    before its first write, until every stream before it in the write order is done. So a stream's query
+    start, its listing and its parse overlap another's Spark work, and the tables still get the commits of
+    one stream after the other (ops/ingest_batches is shared). The write order is the streams' new bytes,
+    fewest first (then the order given): the same for the same landing files, and a small stream does not
+    wait for a large one's writes. A stream that fails stops the streams after it before their first write,
+    as running them one after the other would.
 
     Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
     many, over all its streams."""
@@ -363,16 +390,21 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     ctx.ops_engine.ensure_table(ops.path(ctx.settings), ops.schema, ops.partition_by)
     done = [threading.Event() for _ in streams]
     failed: set[int] = set()
+    # Each stream's place in the write order (see above); an estimate from a listing is enough to order by.
+    new_bytes = [StreamIngest(ctx, ctx.settings.stream(name)).new_bytes() for name in streams]
+    order = sorted(range(len(streams)), key=lambda i: (new_bytes[i], i))
+    rank = {index: place for place, index in enumerate(order)}
 
     def wait_for_earlier(index: int) -> Callable[[], None]:
         def wait() -> None:
-            for event in done[:index]:
-                event.wait()
+            earlier = order[: rank[index]]
+            for j in earlier:
+                done[j].wait()
             # Only an earlier stream's failure stops this one: run one after the other, a later stream's
             # failure would have come after this stream was ingested.
-            earlier = sorted(j for j in failed if j < index)
-            if earlier:
-                raise IngestAborted(f"{streams[index]}: not ingested, because {streams[earlier[0]]} failed first")
+            stopped = [j for j in earlier if j in failed]
+            if stopped:
+                raise IngestAborted(f"{streams[index]}: not ingested, because {streams[stopped[0]]} failed first")
         return wait
 
     def ingest(index: int, name: str) -> list[BatchRow]:
@@ -390,8 +422,8 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     with ThreadPoolExecutor(max(1, len(streams)), thread_name_prefix="sluice-ingest") as pool:
         futures = {name: pool.submit(ingest, i, name) for i, name in enumerate(streams)}
         wait(list(futures.values()))
-    # The first failure in stream order (the others may only say that they were stopped by it).
-    errors = [f.exception() for f in futures.values() if f.exception() is not None]
+    # The first failure in write order (the others may only say that they were stopped by it).
+    errors = [e for e in (futures[streams[i]].exception() for i in order) if e is not None]
     first = next((e for e in errors if not isinstance(e, IngestAborted)), errors[0] if errors else None)
     if first is not None:
         raise first

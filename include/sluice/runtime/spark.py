@@ -92,11 +92,16 @@ def _pass_stderr(stream: Any) -> None:
 
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
+# HotSpot compiles no method over 8000 bytes of bytecode by default, and the code Spark generates for ingest's
+# projection (a JSON parse, each field's type, text and value, the quarantine reason) is larger: it ran
+# interpreted, and parsing 1M lines took 8.1 s where it takes 5.4 s compiled (local[2]; bench/README).
+JIT_OPTION = "-XX:-DontCompileHugeMethods"
 
 
 def log_conf() -> dict[str, str]:
     """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
-    without start-up chatter and known-harmless noise), and the machine's class-data archive
+    without start-up chatter and known-harmless noise), the JIT compiling Spark's large generated methods
+    (:data:`JIT_OPTION`), and the machine's class-data archive
     (:mod:`sluice.core.class_data`) when it has one. Takes effect only when this process starts the driver
     JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
     configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
@@ -104,7 +109,7 @@ def log_conf() -> dict[str, str]:
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if "extraJavaOptions" in _submit_conf() or (conf_dir and (Path(conf_dir) / "log4j2.properties").is_file()):
         return {}
-    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", *java_options()]
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", JIT_OPTION, *java_options()]
     return {"spark.driver.extraJavaOptions": " ".join(options)}
 
 
