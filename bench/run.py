@@ -438,7 +438,8 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
 
     * startup: until 'cycle ...: ingesting' (interpreter, imports, JVM, SparkSession);
     * ingest_<stream>: the ingest of a stream logs one line per landing file, all at the end of its Spark
-      batch, so the last such line ends that stream's ingest; ingest ends at 'aggregating closed windows';
+      batch, so the last such line ends that stream's ingest (the streams write one after the other, in the
+      order of their last lines); ingest ends at 'aggregating closed windows';
     * aggregate_<output>: closed-window lines come at the end of each output's sink; with a batch catch-up,
       aggregate_catchup (until 'catch-up done') and aggregate_stream (until 'checking data quality');
     * dq: from 'checking data quality' (or the last closed-window line) to 'data quality on N window(s)'
@@ -490,10 +491,11 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
         if "aggregate_start" in marks:
             stages["ingest"] = marks["aggregate_start"] - marks["ingest_start"]
             previous = marks["ingest_start"]
-            for stream in ("impressions", "clicks"):
-                if f"ingest_end_{stream}" in marks:
-                    stages[f"ingest_{stream}"] = marks[f"ingest_end_{stream}"] - previous
-                    previous = marks[f"ingest_end_{stream}"]
+            # In the order the streams wrote (fewest new bytes first: sluice.ingest.landing.run_ingest).
+            ends = sorted((marks[f"ingest_end_{s}"], s) for s in ("impressions", "clicks") if f"ingest_end_{s}" in marks)
+            for end, stream in ends:
+                stages[f"ingest_{stream}"] = end - previous
+                previous = end
             agg_end = marks.get("dq_start", marks.get("closed_end"))
             if "catchup_end" in marks and "dq_start" in marks:
                 # Batch catch-up, then the streaming queries (which close nothing more in a one-shot run).
