@@ -492,7 +492,8 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
             stages["ingest"] = marks["aggregate_start"] - marks["ingest_start"]
             previous = marks["ingest_start"]
             # In the order the streams wrote (fewest new bytes first: sluice.ingest.landing.run_ingest).
-            ends = sorted((marks[f"ingest_end_{s}"], s) for s in ("impressions", "clicks") if f"ingest_end_{s}" in marks)
+            ends = sorted((marks[f"ingest_end_{s}"], s) for s in ("impressions", "clicks")
+                          if f"ingest_end_{s}" in marks)
             for end, stream in ends:
                 stages[f"ingest_{stream}"] = end - previous
                 previous = end

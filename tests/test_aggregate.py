@@ -16,8 +16,8 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
 from sluice.runtime.context import open_run
+from sluice.streaming.batch import CatchUp
 from sluice.streaming.cycle import run_cycle
-from sluice.streaming.runner import CatchUp
 from sluice_tools.generate import GenerateOptions, generate
 from support.lake import read_rows
 

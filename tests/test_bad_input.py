@@ -439,7 +439,7 @@ def test_a_renamed_event_time_is_event_time_in_bronze_and_the_dlq_and_its_declar
 ) -> None:
     """README "Tables": a stream's event time is stored as ``event_time`` whatever its declared name, so
     every stream's tables share one time column; build functions see the declared name (``ts``)."""
-    from sluice.streaming.runner import batch_inputs
+    from sluice.streaming.batch import batch_inputs
 
     settings = two_home(tmp_path)
     lake.land(settings, "txns", "t1.jsonl", [two_line("txns", "t1", 30)], ts(31))

@@ -201,7 +201,7 @@ def from_bronze(settings: Settings, stream: str, boundary: datetime) -> dict[tup
 
 
 def assert_gold_is_exactly_the_final_windows(settings: Settings) -> datetime:
-    from sluice.streaming.runner import closing_boundary
+    from sluice.streaming.batch import closing_boundary
 
     boundary = closing_boundary(settings, settings.pipeline(two_streams.PIPELINE))
     assert boundary is not None

@@ -57,7 +57,7 @@ from sluice.core.spark import collected_utc
 from sluice.core.timeutil import parse_duration
 from sluice.ingest.state import load_state
 from sluice.storage.engines import engine_for
-from sluice.streaming.runner import batch_inputs, closing_boundary, gold_rows, pipeline_watermark
+from sluice.streaming.batch import batch_inputs, closing_boundary, gold_rows, pipeline_watermark
 from sluice.windows.ledger import read_ledger
 from support.lake import cycle, land, table
 from support.model import STREAMS, Cycle, LandedFile, Rec, StreamModel, TwoStreamsModel, hm

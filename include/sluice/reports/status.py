@@ -68,7 +68,7 @@ def ledger_summary(settings: Settings) -> str:
 
 def waiting_streams(settings: Settings) -> dict[str, list[str]]:
     """Per pipeline, the streams holding all its windows open because no file has arrived for them yet."""
-    from sluice.streaming.runner import streams_without_files
+    from sluice.streaming.batch import streams_without_files
 
     found = {p: streams_without_files(settings, d) for p, d in sorted(settings.registry.pipelines.items())}
     return {p: names for p, names in found.items() if names}

@@ -31,9 +31,10 @@ from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import streams_without_files
 from sluice.streaming.changes import plan_pipeline
+from sluice.streaming.commits import AggregateResult
 from sluice.streaming.corrections import CorrectionReport, run_corrections
 from sluice.streaming.rebuild import ChangeReport, apply_changes
-from sluice.streaming.runner import AggregateResult, PipelineRunner, has_records
+from sluice.streaming.runner import PipelineRunner, has_records
 from sluice.windows.late import scan_amendments
 
 log = logging.getLogger("sluice.cycle")

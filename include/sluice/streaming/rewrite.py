@@ -30,8 +30,8 @@ from sluice.quality.gx_context import warm_up
 from sluice.runtime.context import RunContext
 from sluice.storage import snapshots
 from sluice.storage.dlq import dlq_snapshot
+from sluice.streaming.batch import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 from sluice.streaming.definitions import fingerprints, pipeline_definitions, record
-from sluice.streaming.runner import batch_inputs, closing_boundary, ensure_output_table, gold_rows
 from sluice.windows.late import waiting_detail
 from sluice.windows.ledger import LedgerRow, format_gold_versions, join_detail, next_version, split_detail
 from sluice.windows.plans import WINDOW_COLUMNS, Commits

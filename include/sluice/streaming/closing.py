@@ -1,0 +1,270 @@
+"""Closing windows in batch, from bronze: the batch close after a cycle's streaming queries, and the batch
+catch-up before a fresh pipeline's first ones (see :mod:`sluice.streaming.runner` for the streaming queries).
+
+**The batch close.** After the streaming queries, every window the closing rule makes final that is not in gold
+yet is computed in batch from bronze (the backfill code path: same transforms, same rows) and committed the same
+way; ``closed_through`` records the boundary (``W - lateness_bound``) it reached, and the streaming sink drops
+windows ending at or before it. After every cycle, gold therefore holds exactly the windows that end at or
+before ``W - lateness_bound``, however Spark's watermark moved.
+
+**Batch catch-up.** Replaying a long backlog through stateful streaming operators costs 2-3x what the
+same logic costs as one Spark batch. So when a pipeline's queries start fresh (no checkpoint) and at least
+``catchup_min_windows`` windows are already closable, the runner first computes those windows in batch and
+the streaming queries read only the bronze rows that can still reach a later window (whole hourly
+partitions before that are not even read). The marker is written before the batch commits (state
+``pending``), and those commits carry their own app transactions, so a crash anywhere in between is
+repaired by the next run.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+from pyspark import StorageLevel
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from sluice.core.model import OutputDef, PipelineDef
+from sluice.core.spark import local_frame
+from sluice.core.windows import Window
+from sluice.ingest.state import load_state
+from sluice.runtime.context import RunContext
+from sluice.streaming.batch import (
+    CatchUp,
+    batch_inputs,
+    closed_through,
+    closing_boundary,
+    gold_rows,
+    gold_windows,
+    mark_closed_through,
+    pipeline_watermark,
+)
+from sluice.streaming.commits import WindowCommits
+from sluice.windows.ledger import WINDOW_LEDGER, next_version
+
+log = logging.getLogger("sluice.aggregate")
+
+
+class BatchClose:
+    """The batch close and the batch catch-up of one pipeline; ``started(output)`` says whether an output's
+    streaming query has committed a batch (its checkpoint is the runner's)."""
+
+    def __init__(self, ctx: RunContext, pipeline: PipelineDef, commits: WindowCommits,
+                 started: Callable[[OutputDef], bool]):
+        self._ctx = ctx
+        self.settings = ctx.settings
+        self.engine = ctx.engine
+        self.state = ctx.state
+        self.ledger = ctx.ledger(pipeline.name)
+        self.pipeline = pipeline
+        self.commits = commits
+        self.result = commits.result
+        self._started = started
+
+    @property
+    def spark(self) -> SparkSession:
+        return self._ctx.spark
+
+    def _state(self, *parts: str) -> tuple[str, ...]:
+        """The name of one of the pipeline's state objects (see :mod:`sluice.storage.state`)."""
+        return ("pipelines", self.pipeline.name, *parts)
+
+    def closed_through(self) -> datetime | None:
+        """The boundary up to which the batch close (or catch-up) has written every final window."""
+        return closed_through(self.state, self.pipeline.name)
+
+    def can_close(self, after: datetime | None) -> bool:
+        """Whether a window may close this cycle: one ends in ``(after, W - lateness_bound]`` (True when
+        nothing has closed yet, so there is no ``after`` to compare with). Metadata only.
+
+        Most scheduled cycles cannot (a 15-minute increment closes an hourly window one cycle in four), and
+        they skip the stateful queries: starting them, their state store commits and the no-data batch cost
+        seconds each. Deferring their rows is exact: Spark never writes a window before the closing rule
+        makes it final, and a later, larger batch only holds Spark's own watermark further back (nothing it
+        keeps becomes late). The queries take the deferred bronze versions in the cycle that can close."""
+        if after is None:
+            return True
+        boundary = closing_boundary(self.settings, self.pipeline)
+        return boundary is None or self._window_ends(after, boundary)
+
+    def may_close(self) -> bool:
+        """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
+        marker = self.state.read(*self._state("catchup.json"))
+        if marker is not None and not CatchUp.from_json(marker).done:
+            return True
+        return self.can_close(self.closed_through())
+
+    # -- the batch close (see the module docstring) -----------------------------------------------------
+    def _next_end(self, lo: datetime) -> datetime:
+        """The first end of a window of the pipeline after ``lo``."""
+        return self.pipeline.window.next_end(lo)
+
+    def _window_ends(self, lo: datetime | None, hi: datetime) -> bool:
+        """Whether some window of the pipeline ends in ``(lo, hi]``."""
+        return lo is None or self._next_end(lo) <= hi
+
+    def _final_windows(self, after: datetime | None, boundary: datetime) -> set[Window] | None:
+        """Every window of the pipeline ending in ``(after, boundary]`` (None when nothing has closed yet:
+        then there is no lower end to count from)."""
+        return None if after is None else self.pipeline.window.ending_in(after, boundary)
+
+    def _written_windows(self, output: OutputDef, after: datetime | None) -> dict[Window, int]:
+        """Windows of gold ending after ``after``, with their row counts (metadata-sized)."""
+        return gold_windows(self.settings, output, after=after)
+
+    def _repair_ledger(self, written: dict[str, dict[Window, int]], boundary: datetime,
+                       watermark: datetime | None) -> None:
+        """Ledger rows for final windows that are in gold but not in the ledger: a batch close that crashed
+        between its gold commit and its ledger commit (its rerun finds the windows written already)."""
+        known = set(self.ledger.windows())
+        for output in self.pipeline.outputs:
+            missing = {w: n for w, n in written[output.name].items() if w[1] <= boundary and w not in known}
+            if missing:
+                log.warning("%s: recording %d window(s) in the ledger after an interrupted batch close",
+                            output.name, len(missing))
+                app = f"sluice.ledger.repair.{output.name}"
+                self.commits.record_closed(output, missing, watermark, app_id=app,
+                                           version=next_version(self.engine, WINDOW_LEDGER.path(self.settings), app))
+                known.update(missing)
+
+    def _mark_closed_through(self, boundary: datetime) -> None:
+        mark_closed_through(self.state, self.pipeline.name, boundary)
+
+    def close_final_windows(self, after: datetime | None) -> None:
+        """Write, in batch, every window the closing rule makes final that gold does not hold yet."""
+        pipeline = self.pipeline
+        # One read of the stored watermarks serves the boundary and the ledger rows.
+        watermark = pipeline_watermark(self.settings, pipeline)
+        if watermark is None:
+            return
+        boundary = watermark - pipeline.lateness_bound
+        if after is not None and boundary <= after:
+            return
+        if not self._window_ends(after, boundary):
+            self._mark_closed_through(boundary)
+            return
+        written = {o.name: self._written_windows(o, after) for o in pipeline.outputs}
+        self._repair_ledger(written, boundary, watermark)
+        due = self._final_windows(after, boundary)
+        if due is not None and all(due <= written[o.name].keys() for o in pipeline.outputs):
+            # The usual case in a scheduled cycle that closes a window: the streaming queries wrote every window
+            # the rule makes final, in every output. The batch close would find nothing left to write, after
+            # reading bronze and running the pipeline's transforms over it (seconds of Spark jobs).
+            self._mark_closed_through(boundary)
+            log.info("%s: every window final up to %s is in gold already; no batch close needed", pipeline.name,
+                     boundary.isoformat())
+            return
+        started = time.monotonic()
+        lo = after - pipeline.window.size - pipeline.lateness_bound if after is not None else None
+        inputs = batch_inputs(self.settings, self.engine, pipeline, lo, boundary + pipeline.lateness_bound)
+        closed_before = len(self.result.windows)
+        for output in pipeline.outputs:
+            final = F.col("window_end") <= F.lit(boundary)
+            if after is not None:
+                final = final & (F.col("window_end") > F.lit(after))
+            rows = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window).filter(final)
+            if written[output.name]:
+                done = local_frame(self.spark, sorted(written[output.name]), "_ws timestamp, _we timestamp")
+                rows = rows.join(
+                    F.broadcast(done),
+                    (F.col("window_start") == F.col("_ws")) & (F.col("window_end") == F.col("_we")),
+                    "left_anti",
+                ).coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys)
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+            try:
+                app = f"sluice.close.{output.name}"
+                meta = {"pipeline": pipeline.name, "output": output.name, "batch_close": True,
+                        "watermark": watermark, "boundary": boundary}
+                self.commits.commit(output, rows, meta, watermark, app,
+                                    next_version(self.engine, output.path(self.settings), app),
+                                    ledger_app=f"sluice.ledger.close.{output.name}")
+            finally:
+                rows.unpersist()
+        self._mark_closed_through(boundary)
+        # Said apart from the windows the streaming queries closed (logged one by one above), so that a
+        # batch close with nothing left to write does not read as "nothing closed".
+        log.info("%s: batch close up to %s (watermark %s): %d window(s) beyond those the streaming queries "
+                 "wrote, in %.1fs", pipeline.name, boundary.isoformat(), watermark.isoformat() if watermark else "-",
+                 len(self.result.windows) - closed_before, time.monotonic() - started)
+
+    # -- batch catch-up (see the module docstring) ----------------------------------------------------
+    def catch_up(self) -> CatchUp | None:
+        """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
+        state, marker = self.state, self._state("catchup.json")
+        saved = state.read(*marker)
+        if saved is not None:
+            catchup = CatchUp.from_json(saved)
+        else:
+            planned = self._plan_catch_up()
+            if planned is None:
+                return None
+            catchup = planned
+            state.write(catchup.to_json(), *marker)
+        if not catchup.done:
+            self._run_catch_up(catchup)
+            catchup = CatchUp(catchup.boundary, catchup.watermark, catchup.version, done=True)
+            state.write(catchup.to_json(), *marker)
+        return catchup
+
+    def _plan_catch_up(self) -> CatchUp | None:
+        minimum = self.settings.catchup_min_windows
+        if minimum <= 0 or any(self._started(o) for o in self.pipeline.outputs) or self.closed_through() is not None:
+            return None
+        watermark = pipeline_watermark(self.settings, self.pipeline)
+        if watermark is None:
+            return None
+        boundary = watermark - self.pipeline.lateness_bound
+        # The oldest data any stream has accepted: its files' max event times bound it from above, which
+        # is close enough to size the backlog.
+        oldest = [
+            r.max_event_time
+            for s in self.pipeline.streams
+            for r in load_state(self.settings, s).rows
+            if r.accepted and r.max_event_time is not None
+        ]
+        if not oldest:
+            return None
+        backlog = (boundary - min(oldest)) / self.pipeline.window.slide
+        if backlog < minimum:
+            return None
+        versions = [
+            version
+            for o in self.pipeline.outputs
+            for version in (
+                next_version(self.engine, o.path(self.settings), self._catchup_app(o)),
+                next_version(self.engine, WINDOW_LEDGER.path(self.settings), f"sluice.ledger.catchup.{o.name}"),
+            )
+        ]
+        log.info("%s: %.0f window(s) of backlog; computing windows ending by %s in batch (catch-up)",
+                 self.pipeline.name, backlog, boundary.isoformat())
+        return CatchUp(boundary, watermark, max(versions))
+
+    @staticmethod
+    def _catchup_app(output: OutputDef) -> str:
+        return f"sluice.catchup.{output.name}"
+
+    def _run_catch_up(self, catchup: CatchUp) -> None:
+        started = time.monotonic()
+        pipeline = self.pipeline
+        hi = catchup.boundary + pipeline.lateness_bound
+        inputs = batch_inputs(self.settings, self.engine, pipeline, None, hi)
+        for output in pipeline.outputs:
+            self.result.closed.setdefault(output.name, [])
+            rows = (
+                gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
+                .filter(F.col("window_end") <= F.lit(catchup.boundary))
+                .persist(StorageLevel.MEMORY_AND_DISK)
+            )
+            try:
+                meta = {"pipeline": pipeline.name, "output": output.name, "catchup": True,
+                        "watermark": catchup.watermark, "boundary": catchup.boundary}
+                self.commits.commit(output, rows, meta, catchup.watermark, self._catchup_app(output),
+                                    catchup.version, ledger_app=f"sluice.ledger.catchup.{output.name}")
+            finally:
+                rows.unpersist()
+        log.info("%s: catch-up done in %.1fs: %d window(s) up to %s; streaming from there", pipeline.name,
+                 time.monotonic() - started, len(self.result.windows), catchup.boundary.isoformat())
+
