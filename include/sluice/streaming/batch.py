@@ -64,15 +64,20 @@ def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | No
 CLOSED_THROUGH = "closed_through.json"
 
 
+def pipeline_state(pipeline: str, *parts: str) -> tuple[str, ...]:
+    """The name of one of a pipeline's state objects (see :mod:`sluice.storage.state`)."""
+    return ("pipelines", pipeline, *parts)
+
+
 def closed_through(state: LakeState, pipeline: str) -> datetime | None:
     """The closing boundary up to which gold holds every final window (written by the batch close, the
     catch-up's first cycle and a rebuild)."""
-    marker = state.read_json("pipelines", pipeline, CLOSED_THROUGH)
+    marker = state.read_json(*pipeline_state(pipeline, CLOSED_THROUGH))
     return None if marker is None else datetime.fromisoformat(marker["boundary"])
 
 
 def mark_closed_through(state: LakeState, pipeline: str, boundary: datetime) -> None:
-    state.write(json.dumps({"boundary": boundary.isoformat()}), "pipelines", pipeline, CLOSED_THROUGH)
+    state.write(json.dumps({"boundary": boundary.isoformat()}), *pipeline_state(pipeline, CLOSED_THROUGH))
 
 
 def gold_windows(settings: Settings, output: OutputDef, *, after: datetime | None = None,

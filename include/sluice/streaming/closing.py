@@ -40,12 +40,15 @@ from sluice.streaming.batch import (
     gold_rows,
     gold_windows,
     mark_closed_through,
+    pipeline_state,
     pipeline_watermark,
 )
 from sluice.streaming.commits import WindowCommits
 from sluice.windows.ledger import WINDOW_LEDGER, next_version
 
 log = logging.getLogger("sluice.aggregate")
+# The catch-up's marker among the pipeline's state objects (see the module docstring).
+CATCHUP = "catchup.json"
 
 
 class BatchClose:
@@ -68,10 +71,6 @@ class BatchClose:
     def spark(self) -> SparkSession:
         return self._ctx.spark
 
-    def _state(self, *parts: str) -> tuple[str, ...]:
-        """The name of one of the pipeline's state objects (see :mod:`sluice.storage.state`)."""
-        return ("pipelines", self.pipeline.name, *parts)
-
     def closed_through(self) -> datetime | None:
         """The boundary up to which the batch close (or catch-up) has written every final window."""
         return closed_through(self.state, self.pipeline.name)
@@ -92,7 +91,7 @@ class BatchClose:
 
     def may_close(self) -> bool:
         """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
-        marker = self.state.read(*self._state("catchup.json"))
+        marker = self.state.read(*pipeline_state(self.pipeline.name, CATCHUP))
         if marker is not None and not CatchUp.from_json(marker).done:
             return True
         return self.can_close(self.closed_through())
@@ -193,7 +192,7 @@ class BatchClose:
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def catch_up(self) -> CatchUp | None:
         """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
-        state, marker = self.state, self._state("catchup.json")
+        state, marker = self.state, pipeline_state(self.pipeline.name, CATCHUP)
         saved = state.read(*marker)
         if saved is not None:
             catchup = CatchUp.from_json(saved)

@@ -42,6 +42,7 @@ from sluice.streaming.batch import (
     closing_boundary,
     ensure_output_table,
     gold_rows,
+    pipeline_state,
     prepare_input,
     streams_without_files,
 )
@@ -72,7 +73,6 @@ class PipelineRunner:
         self.settings = ctx.settings
         self.engine = ctx.engine
         self.state = ctx.state
-        self.ledger = ctx.ledger(pipeline.name)
         self.pipeline = pipeline
         self.result = AggregateResult(pipeline.name)
         self._turnstile = Turnstile(len(pipeline.outputs))
@@ -104,13 +104,9 @@ class PipelineRunner:
         """The output's streaming checkpoint (a URI under the lake)."""
         return self.settings.lake.checkpoint("pipelines", self.pipeline.name, self._folder(output))
 
-    def _state(self, *parts: str) -> tuple[str, ...]:
-        """The name of one of the pipeline's state objects (see :mod:`sluice.storage.state`)."""
-        return ("pipelines", self.pipeline.name, *parts)
-
     def _started(self, output: OutputDef) -> bool:
         """Whether the output's streaming query has committed a batch in its current checkpoint."""
-        commits = self.state.list(*self._state(self._folder(output), "commits"))
+        commits = self.state.list(*pipeline_state(self.pipeline.name, self._folder(output), "commits"))
         return any(True for _ in commits)
 
     def may_close(self) -> bool:
@@ -207,7 +203,7 @@ class PipelineRunner:
         self.result.closed.setdefault(output.name, [])
         # Nothing new in bronze since this query last finished: its watermark cannot have moved, so no
         # window can close. Skipping saves starting a streaming query (seconds) on idle cycles.
-        marker = self._state(self._folder(output), "sluice_input_versions.json")
+        marker = pipeline_state(self.pipeline.name, self._folder(output), "sluice_input_versions.json")
         versions = self.input_versions()
         if self.state.read_json(*marker) == versions:
             log.info("%s: no new bronze commits since the last run; nothing to aggregate", output.name)
