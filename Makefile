@@ -16,7 +16,7 @@ export AIRFLOW__CORE__DAGS_FOLDER ?= $(CURDIR)/dags
 export AIRFLOW__CORE__PLUGINS_FOLDER ?= $(CURDIR)/plugins
 export AIRFLOW__CORE__LOAD_EXAMPLES ?= False
 
-.PHONY: class-data setup run test test-fast lint bench bench-cluster bench-smoke clean java-check chromium-check airflow \
+.PHONY: class-data line-scan setup run test test-fast lint bench bench-cluster bench-smoke clean java-check chromium-check airflow \
 	postgres-check platform platform-down platform-demo
 
 java-check:
@@ -43,7 +43,7 @@ postgres-check:
 	  $$sudo apt-get update -qq && $$sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql; }
 
 # Idempotent: re-installs only when requirements.txt or pyproject.toml changed.
-setup: java-check chromium-check postgres-check $(STAMP) $(JARS_STAMP) class-data
+setup: java-check chromium-check postgres-check $(STAMP) $(JARS_STAMP) line-scan class-data
 	@# Older set-ups wrote a .pth that changed os.environ in every Python process of the venv: remove it.
 	@rm -f $(VENV)/lib/python*/site-packages/zz_sluice_airflow.pth
 $(STAMP): requirements.txt pyproject.toml
@@ -61,6 +61,11 @@ $(STAMP): requirements.txt pyproject.toml
 $(JARS_STAMP): include/sluice/core/jars.lock $(STAMP)
 	$(BIN)/python -m sluice.core.jars fetch
 	touch $(JARS_STAMP)
+
+# sluice's line reader (include/sluice/core/jvm/LineScan.java), compiled with the JDK's javac into the jar cache,
+# once per source and PySpark (sluice.core.line_scan); without a javac, a note, and ingest runs without it.
+line-scan: $(STAMP)
+	@$(BIN)/python -m sluice.core.line_scan build
 
 # The JVM's class-data archive of a sluice run, in the jar cache, once per checkout (keyed by Java, PySpark's
 # install and the delta jars; a present one is kept): every later Spark start maps those classes.

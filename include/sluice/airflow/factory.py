@@ -207,6 +207,7 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
             driver_class_path,
             executor_class_path,
             log_conf,
+            sluice_jars,
         )
 
         self.env_vars = {**spark_env(), **(self.env_vars or {})}
@@ -216,6 +217,8 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         # session puts that folder on the executors' class path). The job's settings are its environment's.
         settings = load_settings({**os.environ, **self.env_vars})
         on_workers = executor_class_path(settings)
+        # sluice's own jar (the line reader, built per machine by make setup) is always shipped.
+        self.jars = ",".join(j for j in (self.jars, sluice_jars()) if j)
         if on_workers is None:
             self.jars = ",".join(j for j in (self.jars, delta_jars(settings)) if j)
         else:

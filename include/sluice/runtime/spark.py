@@ -17,6 +17,7 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
+from sluice.core import line_scan
 from sluice.core.class_data import java_options
 from sluice.core.lake import on_object_storage as _any_on_object_storage
 
@@ -61,6 +62,7 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
         _launch_gateway(builder)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("WARN")
+    line_scan.register(spark)
     return spark
 
 
@@ -194,6 +196,13 @@ def delta_jars(settings: Settings | None = None) -> str:
     return ",".join(_cached_jars(settings))
 
 
+def sluice_jars() -> str:
+    """sluice's own jar (:mod:`sluice.core.line_scan`), when ``make setup`` built it: always shipped with
+    ``spark.jars``/``--jars``, even to workers that hold the pinned jars themselves (it is built per machine)."""
+    jar = line_scan.built_jar()
+    return str(jar) if jar is not None else ""
+
+
 def driver_class_path(settings: Settings) -> str:
     """The same jars as a class path (``--driver-class-path``, ``spark.driver.extraClassPath``)."""
     return os.pathsep.join(_cached_jars(settings))
@@ -213,8 +222,9 @@ def jars_conf(settings: Settings | None) -> dict[str, str]:
     when the workers hold them (:func:`executor_class_path`)."""
     on_workers = executor_class_path(settings) if settings is not None else None
     if settings is None or on_workers is None:
-        return {"spark.jars": delta_jars(settings)}
-    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers}
+        return {"spark.jars": ",".join(filter(None, (delta_jars(settings), sluice_jars())))}
+    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers,
+            **({"spark.jars": sluice_jars()} if sluice_jars() else {})}
 
 
 # The state store providers behind Settings.state_store. sluice's state is small and bounded by the watermark
