@@ -150,6 +150,10 @@ def spark_conf(settings: Settings) -> dict[str, str]:
         # cache of 100 by default. One cycle generates 200-300 (ingest's micro-batches, the aggregate, Delta's
         # commits), so the cache turned over within a cycle and the same code was compiled again and again.
         "spark.sql.codegen.cache.maxEntries": str(CODEGEN_CACHE_ENTRIES),
+        # Ingest caches each micro-batch's parsed lines (read by dedup, the per-file counts and three writes) for
+        # the few seconds of the batch. Compressing that cache cost more than it saved: building it took 5.6 s
+        # per 1M lines compressed and 3.6 s uncompressed (local[2]; bench/README). Past memory, it spills to disk.
+        "spark.sql.inMemoryColumnarStorage.compressed": "false",
         **delta_conf(settings),
         # A root on object storage (SPEC 1): s3:// URIs through Hadoop's S3A, with the standard AWS settings.
         **(settings.lake.credentials.spark_conf() if on_object_storage(settings) else {}),
