@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -22,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sluice.platform.processes import free_port, listening
+from sluice.platform.processes import free_port, listening, stop_group
 from sluice.platform.s3server import s3proxy_command
 
 ACCESS_KEY = "sluice-test"
@@ -58,13 +57,7 @@ class S3Server:
         return name
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(timeout=30)
+        stop_group(self.process)
 
 
 def start_s3proxy(root: Path) -> S3Server:

@@ -97,6 +97,19 @@ class Daemon:
         stop_all([self], timeout)
 
 
+def stop_group(process: subprocess.Popen[bytes], timeout: float = 30) -> None:
+    """Stop a server started in a session of its own (``start_new_session=True``): SIGTERM to its process group,
+    then, after ``timeout``, SIGKILL."""
+    if process.poll() is not None:
+        return
+    os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        process.wait(timeout=timeout)
+
+
 def stop_all(daemons: Iterable[Daemon], timeout: float = 30) -> None:
     """Stop the recorded daemons at once: SIGTERM to each one's process group and to every process it started
     (a task's process may be in a group of its own), then, after ``timeout``, SIGKILL to what is left; forget

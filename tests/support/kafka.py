@@ -1,0 +1,105 @@
+"""A real Kafka broker on 127.0.0.1 for the Kafka tests: Kafka 4.4 in KRaft combined mode
+(``sluice.platform.kafka_server``), formatted and started on free ports in a temporary folder, and stopped with
+its process group. No mock: producers and Spark's Kafka source talk the Kafka protocol to it.
+
+The session fixture ``kafka`` is the broker; ``KafkaBroker.topic()`` makes a fresh topic for one test, with the
+broker stamping each record's timestamp on arrival (``LogAppendTime``) unless told otherwise.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.platform.kafka_server import broker_command, cluster_id, format_command, server_properties
+from sluice.platform.processes import free_port, listening, stop_group
+
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class KafkaBroker:
+    bootstrap: str  # 127.0.0.1:<port>
+    root: Path
+    process: subprocess.Popen[bytes]
+    _names: Iterator[int] = field(default_factory=itertools.count)
+
+    def admin(self) -> Any:
+        from confluent_kafka.admin import AdminClient
+
+        return AdminClient({"bootstrap.servers": self.bootstrap})
+
+    def topic(self, prefix: str = "test", partitions: int = 1, timestamps: str = "LogAppendTime",
+              **config: str) -> str:
+        """A new, empty topic; ``config`` adds topic settings (``retention_ms="1000"`` for retention.ms)."""
+        from confluent_kafka.admin import NewTopic
+
+        name = f"{prefix}-{os.getpid()}-{next(self._names)}"
+        settings = {"message.timestamp.type": timestamps, **{k.replace("_", "."): v for k, v in config.items()}}
+        admin = self.admin()  # kept until the result is in: a client that is collected cancels its requests
+        admin.create_topics([NewTopic(name, partitions, 1, config=settings)])[name].result(timeout=60)
+        return name
+
+    def produce(self, topic: str, values: Sequence[bytes | str], partition: int | None = None) -> None:
+        """Each value as one record, in order, acknowledged by the broker before this returns."""
+        from confluent_kafka import Producer
+
+        producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 0})
+        for value in values:
+            if partition is None:
+                producer.produce(topic, value)
+            else:
+                producer.produce(topic, value, partition=partition)
+        left = producer.flush(60)
+        assert left == 0, f"{left} record(s) of {topic} not acknowledged within 60 s"
+
+    def stop(self) -> None:
+        stop_group(self.process)
+
+
+def start_kafka(root: Path) -> KafkaBroker:
+    port, controller = free_port(), free_port()
+    properties = server_properties(root, port, controller)
+    done = subprocess.run(format_command(properties, cluster_id(str(root))), capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"formatting the Kafka log folder failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    out = (root / "broker.out").open("wb")
+    process = subprocess.Popen(broker_command(properties), stdout=out, stderr=subprocess.STDOUT,
+                               start_new_session=True)
+    broker = KafkaBroker(f"127.0.0.1:{port}", root, process)
+    deadline = time.monotonic() + START_TIMEOUT_S
+    while not _ready(broker):
+        if process.poll() is not None:
+            raise RuntimeError(f"the Kafka broker exited with {process.returncode}: "
+                               f"{(root / 'broker.out').read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            broker.stop()
+            raise RuntimeError(f"the Kafka broker did not listen on {port} within {START_TIMEOUT_S} s")
+        time.sleep(0.2)
+    return broker
+
+
+def _ready(broker: KafkaBroker) -> bool:
+    """Listening, and the controller has registered the broker (it then answers metadata with itself)."""
+    if not listening(int(broker.bootstrap.rsplit(":", 1)[1])):
+        return False
+    try:
+        return bool(broker.admin().list_topics(timeout=2).brokers)
+    except Exception:  # not ready yet: the client times out or the broker refuses
+        return False
+
+
+@pytest.fixture(scope="session")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaBroker]:
+    broker = start_kafka(tmp_path_factory.mktemp("kafka"))
+    yield broker
+    broker.stop()
