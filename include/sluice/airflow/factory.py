@@ -217,10 +217,9 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         # session puts that folder on the executors' class path). The job's settings are its environment's.
         settings = load_settings({**os.environ, **self.env_vars})
         on_workers = executor_class_path(settings)
-        # sluice's own jar (the line reader, built per machine by make setup) is always shipped.
-        self.jars = ",".join(j for j in (self.jars, sluice_jars()) if j)
         if on_workers is None:
-            self.jars = ",".join(j for j in (self.jars, delta_jars(settings)) if j)
+            # With the pinned jars, sluice's own (the line reader, built per machine by make setup).
+            self.jars = ",".join(j for j in (self.jars, delta_jars(settings), sluice_jars()) if j)
         else:
             self.driver_class_path = os.pathsep.join(
                 p for p in (self.driver_class_path, driver_class_path(settings)) if p)

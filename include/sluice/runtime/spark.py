@@ -201,8 +201,9 @@ def delta_jars(settings: Settings | None = None) -> str:
 
 
 def sluice_jars() -> str:
-    """sluice's own jar (:mod:`sluice.core.line_scan`), when ``make setup`` built it: always shipped with
-    ``spark.jars``/``--jars``, even to workers that hold the pinned jars themselves (it is built per machine)."""
+    """sluice's own jar (:mod:`sluice.core.line_scan`), when ``make setup`` built it: shipped with the pinned jars
+    (``spark.jars``/``--jars``). Not to workers that hold the pinned jars themselves (``executor_jars``): nothing is
+    shipped to those, and the line reader is not used there."""
     jar = line_scan.built_jar()
     return str(jar) if jar is not None else ""
 
@@ -227,8 +228,9 @@ def jars_conf(settings: Settings | None) -> dict[str, str]:
     on_workers = executor_class_path(settings) if settings is not None else None
     if settings is None or on_workers is None:
         return {"spark.jars": ",".join(filter(None, (delta_jars(settings), sluice_jars())))}
-    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers,
-            **({"spark.jars": sluice_jars()} if sluice_jars() else {})}
+    # Nothing is shipped to workers that hold the jars, sluice's own jar included: it is built per machine, so
+    # the driver does not have it on its class path either, and every line takes the VARIANT path.
+    return {"spark.driver.extraClassPath": driver_class_path(settings), "spark.executor.extraClassPath": on_workers}
 
 
 # The state store providers behind Settings.state_store. sluice's state is small and bounded by the watermark
