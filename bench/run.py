@@ -491,7 +491,7 @@ def parse_sluice(out: list[tuple[float, str]], err: list[tuple[float, str]], wal
         if "aggregate_start" in marks:
             stages["ingest"] = marks["aggregate_start"] - marks["ingest_start"]
             previous = marks["ingest_start"]
-            # In the order the streams wrote (fewest new bytes first: sluice.ingest.landing.run_ingest).
+            # In the order the streams wrote (fewest new bytes first: sluice.ingest.run.run_ingest).
             ends = sorted((marks[f"ingest_end_{s}"], s) for s in ("impressions", "clicks")
                           if f"ingest_end_{s}" in marks)
             for end, stream in ends:

@@ -46,6 +46,7 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings, load_settings
 from sluice.runtime.spark import get_spark
 from support import scheduling
+from support.kafka import kafka  # noqa: F401 (the session's Kafka broker, started on first use)
 from support.s3 import s3  # noqa: F401 (the session's S3 server, started on first use)
 
 # A test stuck in native code, which pytest-timeout cannot interrupt, ends its worker with every stack printed.
@@ -94,7 +95,9 @@ def spark(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkSession]:
     # 3 GB, not sluice's default 2 GB: this driver lives for the whole suite and opens thousands of tables, and
     # with 2 GB its old generation stayed nearly full (about 5% of the worker's CPU went to collecting it). The
     # machine has 24 GB for 2 workers and their short-lived subprocess drivers.
-    settings = load_settings({"SLUICE_DRIVER_MEMORY": "3g"}, home=home)
+    # Kafka's servers configured, so that the session has Spark's Kafka source (sluice.runtime.spark._jar_sets):
+    # the Kafka tests ingest with it, each from its own settings that name the tests' broker.
+    settings = load_settings({"SLUICE_DRIVER_MEMORY": "3g", "SLUICE_KAFKA_BOOTSTRAP": "127.0.0.1:9"}, home=home)
     ours = os.environ.get("SPARK_SUBMIT_OPTS") == SUBPROCESS_JVM_OPTIONS
     if ours:  # this JVM runs for the whole suite: C2, with SESSION_JVM_OPTIONS (see SUBPROCESS_JVM_OPTIONS)
         os.environ["SPARK_SUBMIT_OPTS"] = SESSION_JVM_OPTIONS

@@ -24,11 +24,11 @@ from deltalake import DeltaTable, QueryBuilder
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings, load_settings
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import load_state
 from sluice.runtime.context import open_run
 from sluice_tools.generate import QUARANTINE_REASONS, GenerateOptions, Manifest, generate
-from support.lake import read_arrow, read_rows
+from support.lake import read_arrow, read_rows, table_snapshot
 
 pytestmark = pytest.mark.spark
 
@@ -187,24 +187,6 @@ def test_every_line_is_accounted_for_over_several_cycles(
         assert data.column("reason").null_count == 0
 
 
-def _table_snapshot(home: Path) -> dict[str, list[tuple[object, ...]]]:
-    """Sorted content of every table (lineage ids and arrival included, ops rows minus the lineage of the
-    Spark checkpoint, which legitimately differs between a crashed and a clean run). Paths are made
-    relative to the home so two homes compare."""
-    lake = home / "lake"
-    out = {}
-    for log_dir in sorted(lake.glob("**/_delta_log")):
-        table = log_dir.parent
-        name = str(table.relative_to(lake))
-        data = pa.table(read_arrow(table))
-        drop = [c for c in ("spark_batch_id", "query_id") if c in data.column_names]
-        data = data.drop_columns(drop)
-        out[name] = sorted(
-            tuple(str(v).replace(str(home), "<home>") for v in row.values()) for row in data.to_pylist()
-        )
-    return out
-
-
 # This test is about crash recovery; the generated late share would (rightly) fail lateness checks.
 CRASH_ENV = {"SLUICE_MAX_FILES_PER_TRIGGER": "3", "SLUICE_LATENESS_THRESHOLD": "1"}
 
@@ -250,7 +232,7 @@ def clean_runs(
         generate(home / "landing", CRASH_OPTIONS)
         _cycle_in_session(spark, home, CATCH_UP if catch_up else {})
         assert (home / "lake/_checkpoints/pipelines/ad_clicks_hourly/catchup.json").exists() == catch_up
-        out[catch_up] = _table_snapshot(home)
+        out[catch_up] = table_snapshot(home)
     return out
 
 
@@ -287,7 +269,7 @@ def test_sigkill_mid_cycle_then_rerun_loses_nothing_and_doubles_nothing(
     # of its own (this home is new to the session, so nothing of it is cached there).
     _cycle_in_session(spark, crash_home, env)
 
-    crash_tables = _table_snapshot(crash_home)
+    crash_tables = table_snapshot(crash_home)
     assert clean_run.keys() == crash_tables.keys()
     for name in clean_run:
         assert crash_tables[name] == clean_run[name], name

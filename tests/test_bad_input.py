@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 
 from sluice.config import Settings
 from sluice.ingest.files import source_key
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import load_state
 from sluice.reports.status import render_status
 from sluice.runtime.context import open_run

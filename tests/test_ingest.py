@@ -14,7 +14,7 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings
 from sluice.core.lake import Lake, parse_root
 from sluice.ingest import microbatch as landing
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import load_state
 from sluice.ingest.time_rules import file_watermarks
 from sluice.runtime.context import open_run
@@ -371,7 +371,7 @@ def test_streams_write_fewest_new_bytes_first_and_a_failure_stops_the_streams_af
 ) -> None:
     """run_ingest's write order: the stream with fewer new bytes writes first, whatever the order given, and a
     stream that fails stops every stream after it before its first write; the rerun ingests them all."""
-    from sluice.ingest.landing import IngestAborted
+    from sluice.ingest.run import IngestAborted
     from sluice.storage import tables
 
     land(settings, "impressions", "i1.jsonl", [imp(f"i{n}", 1) for n in range(40)], 2)

@@ -2,6 +2,7 @@
 data-quality checks. Declare your streams and pipelines with this API (SPEC section 8)::
 
     from sluice import Output, Pipeline, Stream, checks
+    from sluice import kafka  # a stream that reads a Kafka topic
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ __version__ = "0.2.0"
 
 if TYPE_CHECKING:
     from sluice import checks
-    from sluice.core.api import Output, Pipeline, Stream
+    from sluice.core.api import Output, Pipeline, Stream, kafka
     from sluice.core.windows import WindowSpec
 
 # Resolved on first use: importing `sluice` (the CLI's --version, Airflow's plugin and DAG parsing) must not
@@ -22,6 +23,7 @@ _LAZY = {
     "Output": "sluice.core.api",
     "Pipeline": "sluice.core.api",
     "Stream": "sluice.core.api",
+    "kafka": "sluice.core.api",
     "WindowSpec": "sluice.core.windows",
 }
 
@@ -34,4 +36,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sluice' has no attribute {name!r}")
 
 
-__all__ = ["Output", "Pipeline", "Stream", "WindowSpec", "__version__", "checks"]
+__all__ = ["Output", "Pipeline", "Stream", "WindowSpec", "__version__", "checks", "kafka"]

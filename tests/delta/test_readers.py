@@ -20,7 +20,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from sluice.config import Settings
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.runtime.context import open_run
 from sluice.storage import tables
 from sluice.windows.ledger import WINDOW_LEDGER

@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 from sluice.cli.main import main
 from sluice.config import Settings, load_settings
 from sluice.ingest.declarations import DECLARATION, Declaration, DeclarationChanged, changes
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import load_state
 from sluice.runtime.context import open_run
 from sluice.storage.snapshots import open_table

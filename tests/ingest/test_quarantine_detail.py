@@ -24,9 +24,9 @@ from sluice.cli.main import main
 from sluice.config import Settings
 from sluice.ingest import microbatch
 from sluice.ingest.files import source_key
-from sluice.ingest.landing import run_ingest
 from sluice.ingest.microbatch import FileCounts
 from sluice.ingest.parsing import malformed_detail
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import BatchRow, load_state
 from sluice.reports.output import ingest_warnings
 from sluice.runtime.context import open_run

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core.jars import jar_paths, locked
-from support.kafka import KafkaBroker, kafka  # noqa: F401 (pytest fixture ``kafka``)
+from support.kafka import KafkaBroker
 
 pytestmark = pytest.mark.spark
 
@@ -39,7 +39,7 @@ print("ROWS " + json.dumps(rows, default=str))
 """
 
 
-def _read(kafka: KafkaBroker, topic: str, work: Path) -> list[dict]:  # noqa: F811
+def _read(kafka: KafkaBroker, topic: str, work: Path) -> list[dict]:
     script = work / "job.py"
     script.write_text(JOB)
     jars = ",".join(str(p) for p in jar_paths(("kafka",)))
@@ -62,7 +62,7 @@ def test_the_locked_kafka_set_is_spark_4_2s_connector_and_the_broker_set_a_kafka
     assert broker["kafka_2.13"] == "4.4.0" and broker["kafka-server"] == "4.4.0"
 
 
-def test_spark_reads_each_record_once_with_the_brokers_arrival_time(kafka: KafkaBroker, tmp_path: Path) -> None:  # noqa: F811
+def test_spark_reads_each_record_once_with_the_brokers_arrival_time(kafka: KafkaBroker, tmp_path: Path) -> None:
     topic = kafka.topic("readings", partitions=2)
     before = time.time()
     kafka.produce(topic, [json.dumps({"reading_id": f"r{i}"}) for i in range(6)])

@@ -16,7 +16,7 @@ from sluice.alerting.outbox import record_alerts
 from sluice.config import Settings, load_settings
 from sluice.core.model import PipelineDef
 from sluice.core.windows import WindowSpec
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import BatchRow, StreamState
 from sluice.quality.freshness import due_time, first_window_holding, oldest_open_window, stale_alerts
 from sluice.runtime.context import open_run

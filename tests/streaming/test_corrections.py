@@ -29,7 +29,7 @@ from pyspark.sql import SparkSession
 from sluice.cli.main import build_parser, main
 from sluice.config import Settings, load_settings
 from sluice.core.windows import Window
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.runtime.context import open_run
 from sluice.storage.dlq import dlq_paths
 from sluice.storage.engines import engine_for

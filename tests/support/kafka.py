@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,15 @@ from sluice.platform.kafka_server import broker_command, cluster_id, format_comm
 from sluice.platform.processes import free_port, listening, stop_group
 
 START_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """Where the broker put a record, and its timestamp (the broker's clock for a LogAppendTime topic)."""
+
+    partition: int
+    offset: int
+    timestamp: datetime
 
 
 @dataclass
@@ -48,21 +58,49 @@ class KafkaBroker:
         admin.create_topics([NewTopic(name, partitions, 1, config=settings)])[name].result(timeout=60)
         return name
 
-    def produce(self, topic: str, values: Sequence[bytes | str], partition: int | None = None) -> None:
-        """Each value as one record, in order, acknowledged by the broker before this returns."""
+    def produce(self, topic: str, values: Sequence[bytes | str | None], partition: int | None = None
+                ) -> list[Delivered]:
+        """Each value as one record (None: a record with no value, a tombstone), in order, acknowledged by the
+        broker before this returns; where each landed and the timestamp it got, in the order given."""
         from confluent_kafka import Producer
 
         producer = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True, "linger.ms": 0})
-        for value in values:
-            if partition is None:
-                producer.produce(topic, value)
-            else:
-                producer.produce(topic, value, partition=partition)
+        delivered: dict[int, Delivered] = {}
+        errors: list[str] = []
+
+        def report(index: int) -> Any:
+            def callback(error: Any, message: Any) -> None:
+                if error is not None:
+                    errors.append(str(error))
+                else:
+                    stamp = datetime.fromtimestamp(message.timestamp()[1] / 1000, UTC)
+                    delivered[index] = Delivered(message.partition(), message.offset(), stamp)
+            return callback
+
+        for index, value in enumerate(values):
+            extra = {} if partition is None else {"partition": partition}
+            producer.produce(topic, value, on_delivery=report(index), **extra)
         left = producer.flush(60)
-        assert left == 0, f"{left} record(s) of {topic} not acknowledged within 60 s"
+        assert left == 0 and not errors, f"{left} record(s) of {topic} not acknowledged within 60 s {errors}"
+        return [delivered[i] for i in range(len(values))]
 
     def stop(self) -> None:
         stop_group(self.process)
+
+
+def kafka_pipelines(folder: Path, topic: str) -> Path:
+    """The README's tutorial (SPEC 8's pipeline) in ``folder``, its stream declared on ``topic``."""
+    from support.tutorial import write_tutorial
+
+    write_tutorial(folder)
+    source = (folder / "device_temps.py").read_text()
+    source = source.replace("from sluice import Output, Pipeline, Stream, checks",
+                            "from sluice import Output, Pipeline, Stream, checks, kafka")
+    declared = f'    watermark_delay="2m",\n    source=kafka(topic="{topic}"),'
+    source = source.replace('    watermark_delay="2m",', declared)
+    assert "source=kafka" in source
+    (folder / "device_temps.py").write_text(source)
+    return folder
 
 
 def start_kafka(root: Path) -> KafkaBroker:

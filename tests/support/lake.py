@@ -58,6 +58,22 @@ def table(settings: Settings, name: str) -> list[dict[str, Any]]:
     return read_rows(path)
 
 
+def table_snapshot(home: Path) -> dict[str, list[tuple[object, ...]]]:
+    """Sorted content of every table of ``home``'s lake (lineage ids and arrival included, ops rows minus the
+    lineage of the Spark checkpoint, which legitimately differs between a crashed and a clean run). Paths are
+    made relative to the home so two homes compare."""
+    lake = home / "lake"
+    out = {}
+    for log_dir in sorted(lake.glob("**/_delta_log")):
+        folder = log_dir.parent
+        data = pa.table(read_arrow(folder))
+        data = data.drop_columns([c for c in ("spark_batch_id", "query_id") if c in data.column_names])
+        out[str(folder.relative_to(lake))] = sorted(
+            tuple(str(v).replace(str(home), "<home>") for v in row.values()) for row in data.to_pylist()
+        )
+    return out
+
+
 def cycle(spark: SparkSession, settings: Settings, pipeline: str, now: datetime, *, quality: bool = False) -> Settings:
     """One product cycle of ``pipeline`` at ``now`` (ingest, aggregate, and optionally data quality)."""
     from sluice.runtime.context import open_run

@@ -1,4 +1,5 @@
-"""Object-storage credentials under Airflow (SPEC 1): the ``aws_default`` connection, when it is defined.
+"""Object-storage credentials under Airflow (SPEC 1): the ``aws_default`` connection, when it is defined; and
+Kafka's servers and security (SPEC 2): the ``kafka_default`` connection.
 
 A team that runs Airflow keeps its AWS credentials in a connection, in the Amazon provider's format: the access
 key as ``login``, the secret as ``password``, and ``region_name``, ``endpoint_url`` (or ``service_config.s3
@@ -7,6 +8,11 @@ key as ``login``, the secret as ``password``, and ``region_name``, ``endpoint_ur
 values on as the standard AWS variables, which every sluice process reads: the task's settings, and the
 environment of the spark-submit jobs. Its values win over the worker's own variables, as with the provider's
 hooks. Airflow masks the connection's secret in task logs and rendered fields.
+
+``kafka_default`` is the Apache Kafka provider's connection type: its extra holds the client's properties as
+confluent-kafka takes them (``bootstrap.servers``, ``security.protocol``, ``sasl.mechanism``, ``sasl.username``,
+``sasl.password``, ...). They become ``SLUICE_KAFKA_*`` variables the same way (``sluice.config.loading``'s
+``kafka_properties`` reads them back); Airflow masks extra fields named like secrets (``password``).
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 from sluice.config import Settings, load_settings
 
 AWS_CONN_ID = "aws_default"
+KAFKA_CONN_ID = "kafka_default"
 
 
 def aws_env(conn_id: str = AWS_CONN_ID) -> dict[str, str]:
@@ -47,7 +54,30 @@ def connection_env(login: str | None, password: str | None, extra: Mapping[str, 
     return {name: str(value) for name, value in values.items() if value}
 
 
+def kafka_env(conn_id: str = KAFKA_CONN_ID) -> dict[str, str]:
+    """The ``SLUICE_KAFKA_*`` variables of the connection ``conn_id``; empty when it is not defined."""
+    from airflow.sdk import BaseHook
+    from airflow.sdk.exceptions import AirflowNotFoundException
+
+    try:
+        connection = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        return {}
+    return kafka_connection_env(connection.extra_dejson)
+
+
+def kafka_connection_env(extra: Mapping[str, Any] | None) -> dict[str, str]:
+    """A ``kafka`` connection's extra (client properties) as ``SLUICE_KAFKA_<PROPERTY>`` variables."""
+    out = {}
+    for name, value in dict(extra or {}).items():
+        if value is None or value == "":
+            continue
+        key = "BOOTSTRAP" if name == "bootstrap.servers" else name.upper().replace(".", "_")
+        out[f"SLUICE_KAFKA_{key}"] = str(value)
+    return out
+
+
 def task_settings(*, home: str | Path | None = None) -> Settings:
     """sluice's settings in a task: the worker's environment, with the ``aws_default`` connection's
-    credentials over it."""
-    return load_settings({**os.environ, **aws_env()}, home=home)
+    credentials and the ``kafka_default`` connection's properties over it."""
+    return load_settings({**os.environ, **aws_env(), **kafka_env()}, home=home)

@@ -34,7 +34,7 @@ from airflow.sdk import DAG, Asset, AssetAlias, BaseHook, CronDataIntervalTimeta
 from airflow.sdk.exceptions import AirflowNotFoundException
 from airflow.timetables.simple import NullTimetable
 
-from sluice.airflow.credentials import aws_env, task_settings
+from sluice.airflow.credentials import aws_env, kafka_env, task_settings
 from sluice.airflow.outcomes import (  # noqa: F401  (AlertsRaised: re-exported for DAG files and tests)
     CHECK_QUALITY,
     SEND_ALERTS,
@@ -157,6 +157,8 @@ def spark_env() -> dict[str, str]:
     # A lake or landing zone on object storage: the aws_default connection's credentials, when it is defined
     # (the worker's own AWS variables reach the job anyway: spark-submit inherits the task's environment).
     env.update(aws_env())
+    # A stream on a Kafka topic: the kafka_default connection's servers and security, when it is defined.
+    env.update(kafka_env())
     # Airflow 3's task supervisor keeps tasks off the metadata DB by pointing the DB URL of the task process
     # at a placeholder (`airflow-db-not-allowed:///`). The job inherits the task's environment and imports
     # Airflow (its alert records), whose import fails to parse that URL: every spark-submit task would fail

@@ -40,15 +40,18 @@ SMTP_CONN_ID = "sluice_smtp"
 
 #: Alert kinds: a closed window failed its checks; landing files could not be read (quarantined whole); a
 #: closed window was re-computed with its late records (a notice, level info); a window stayed open past
-#: end + lateness_bound + freshness_grace; an Airflow task of sluice crashed.
+#: end + lateness_bound + freshness_grace; an Airflow task of sluice crashed; a Kafka topic's retention deleted
+#: offsets before they were read.
 DQ_FAILURE = "dq_failure"
 UNREADABLE_FILE = "unreadable_file"
 CORRECTION = "correction"
 STALE = "stale"
 TASK_FAILURE = "task_failure"
-KINDS = (DQ_FAILURE, UNREADABLE_FILE, CORRECTION, STALE, TASK_FAILURE)
+KAFKA_OFFSETS_LOST = "kafka_offsets_lost"
+KINDS = (DQ_FAILURE, UNREADABLE_FILE, CORRECTION, STALE, TASK_FAILURE, KAFKA_OFFSETS_LOST)
 #: The level of each kind: only notices are informational.
-LEVELS = {DQ_FAILURE: "error", UNREADABLE_FILE: "error", CORRECTION: "info", STALE: "error", TASK_FAILURE: "error"}
+LEVELS = {DQ_FAILURE: "error", UNREADABLE_FILE: "error", CORRECTION: "info", STALE: "error", TASK_FAILURE: "error",
+          KAFKA_OFFSETS_LOST: "error"}
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,14 @@ class Alert:
         """``files``: (stream, path) of each landing file quarantined whole in one cycle."""
         failed = [{"expectation": f"{UNREADABLE_FILE}:{stream}", "observed_value": path} for stream, path in files]
         return cls(pipeline, None, None, failed, None, raised_at, UNREADABLE_FILE)
+
+    @classmethod
+    def kafka_offsets_lost(cls, pipeline: str, batches: Iterable[tuple[str, str, int]], raised_at: datetime) -> Alert:
+        """``batches``: (stream, micro-batch address, offsets lost) of each Kafka micro-batch that could not read
+        offsets the topic's retention had deleted."""
+        failed = [{"expectation": f"{KAFKA_OFFSETS_LOST}:{stream}", "observed_value": f"{lost} offset(s) of {where}"}
+                  for stream, where, lost in batches]
+        return cls(pipeline, None, None, failed, None, raised_at, KAFKA_OFFSETS_LOST)
 
     @classmethod
     def stale(cls, pipeline: str, window: Window, due: datetime,
@@ -142,6 +153,9 @@ class Alert:
             files = "1 landing file could not be read and was" if count == 1 else (
                 f"{count} landing files could not be read and were")
             return f"sluice: {self.pipeline}: {files} quarantined whole (unreadable_file)"
+        if self.kind == KAFKA_OFFSETS_LOST:
+            return (f"sluice: {self.pipeline}: Kafka offsets were deleted by the topic's retention before they were "
+                    "read (kafka_offsets_lost)")
         checks = f"{count} check" if count == 1 else f"{count} checks"
         return f"sluice: {self.pipeline} window {self.window_label} failed {checks}"
 
@@ -192,7 +206,8 @@ class Alert:
         )
         heading = {DQ_FAILURE: "Failed expectations", UNREADABLE_FILE: "Files quarantined whole",
                    CORRECTION: "What changed (before -> after)", STALE: "Streams holding it back",
-                   TASK_FAILURE: "Failed task"}.get(self.kind, "Details")
+                   TASK_FAILURE: "Failed task", KAFKA_OFFSETS_LOST: "Offsets lost to retention",
+                   }.get(self.kind, "Details")
         body = (
             f"<p>{html.escape(self.message)}</p>"
             f"<p>Pipeline: <b>{html.escape(self.pipeline)}</b>{window}</p>"

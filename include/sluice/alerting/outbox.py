@@ -238,6 +238,20 @@ def alerts_recorded_since(settings: Settings, pipeline: str, before: Mapping[str
     return AlertTally(sent=sent, unrouted=unrouted, pending=pending)
 
 
+def _named_in_outbox(settings: Settings, pipeline: str, kind: str) -> set[tuple[str, str]]:
+    """The (expectation, observed value) items that alerts of ``kind`` of the pipeline have named already."""
+    from sluice.alerting.alert import UNREADABLE_FILE
+
+    named: set[tuple[str, str]] = set()
+    for row in read_outbox(settings, pipeline):
+        # Rows from before the kind column: an alert with no window was an unreadable file's.
+        if (row.get("kind") or (UNREADABLE_FILE if row["window_start"] is None else None)) != kind:
+            continue
+        for item in json.loads(row["failed_expectations"] or "[]"):
+            named.add((str(item.get("expectation")), str(item.get("observed_value"))))
+    return named
+
+
 def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
     """One alert naming the landing files of the pipeline's streams that were quarantined whole
     (``unreadable_file``) and that no alert of this pipeline has named yet; None when there are none.
@@ -259,14 +273,31 @@ def unreadable_files_alert(settings: Settings, pipeline: str) -> Alert | None:
         return None
     from sluice.alerting.alert import UNREADABLE_FILE, Alert
 
-    named: set[tuple[str, str]] = set()
-    for row in read_outbox(settings, pipeline):
-        if (row.get("kind") or (UNREADABLE_FILE if row["window_start"] is None else None)) != UNREADABLE_FILE:
-            continue
-        for item in json.loads(row["failed_expectations"] or "[]"):
-            named.add((str(item.get("expectation")), str(item.get("observed_value"))))
+    named = _named_in_outbox(settings, pipeline, UNREADABLE_FILE)
     files = [(stream, path) for stream, path in unreadable if (f"{UNREADABLE_FILE}:{stream}", path) not in named]
     return Alert.unreadable_files(pipeline, files, settings.now()) if files else None
+
+
+def kafka_offsets_lost_alert(settings: Settings, pipeline: str) -> Alert | None:
+    """One alert naming the Kafka micro-batches of the pipeline's streams that lost offsets to the topic's
+    retention (``ops/ingest_batches.lost``) and that no alert of this pipeline has named yet; None when there are
+    none. From the ingest log, as :func:`unreadable_files_alert`, so a crash cannot lose it nor a rerun repeat it."""
+    from sluice.ingest.state import load_state
+
+    lost = [
+        (stream, batch.source_file or "", batch.lost)
+        for stream in settings.pipeline(pipeline).streams
+        for batch in load_state(settings, stream).rows
+        if batch.lost
+    ]
+    if not lost:
+        return None
+    from sluice.alerting.alert import KAFKA_OFFSETS_LOST, Alert
+
+    named = _named_in_outbox(settings, pipeline, KAFKA_OFFSETS_LOST)
+    fresh = [(stream, where, n) for stream, where, n in lost
+             if (f"{KAFKA_OFFSETS_LOST}:{stream}", f"{n} offset(s) of {where}") not in named]
+    return Alert.kafka_offsets_lost(pipeline, fresh, settings.now()) if fresh else None
 
 
 def on_task_failure(context: Mapping[str, Any]) -> None:

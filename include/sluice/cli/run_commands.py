@@ -73,7 +73,7 @@ def cmd_check(args: argparse.Namespace) -> Output:
 
 def cmd_ingest(args: argparse.Namespace) -> int:
     from sluice.ingest.accounting import accounting_table
-    from sluice.ingest.landing import run_ingest
+    from sluice.ingest.run import run_ingest
     from sluice.runtime.context import open_run
 
     settings = settings_of(args, writes=True)

@@ -16,6 +16,8 @@ Environment variables:
 ``SLUICE_<STREAM>_<KEY>``          per-stream override, e.g. ``SLUICE_READINGS_WATERMARK_DELAY=15m``
 ``SLUICE_<KEY>``                   global key, e.g. ``SLUICE_MAX_FILES_PER_TRIGGER=50``
 ``SLUICE_<PIPELINE>_<KEY>``        per-pipeline policy, e.g. ``SLUICE_DEVICE_TEMPS_CORRECTIONS=auto``
+``SLUICE_KAFKA_BOOTSTRAP``         Kafka's servers, for streams on a topic (YAML ``kafka: {bootstrap.servers: ..}``)
+``SLUICE_KAFKA_<PROPERTY>``        any other Kafka client property, ``_`` for ``.``, e.g. ``SLUICE_KAFKA_SASL_USERNAME``
 =================================  ==========================================================
 """
 
@@ -139,6 +141,29 @@ _POLICY: dict[str, Convert] = {
 }
 
 
+def _kafka_properties(value: Any, key: str) -> dict[str, str]:
+    """YAML ``kafka``: Kafka client properties as the Airflow connection ``kafka_default`` holds them."""
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(f"{key}: expected a mapping of Kafka client properties, e.g. "
+                          "{bootstrap.servers: 'broker:9092', security.protocol: SASL_SSL}")
+    return {k: str(v) for k, v in value.items() if v is not None}
+
+
+KAFKA_PREFIX = "SLUICE_KAFKA_"
+
+
+def kafka_properties(env: Mapping[str, str], conf: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Kafka client properties (librdkafka's names, as the Apache Kafka provider's connection ``kafka_default``
+    holds them): YAML ``kafka``, then ``SLUICE_KAFKA_BOOTSTRAP`` (``bootstrap.servers``) and every other
+    ``SLUICE_KAFKA_<PROPERTY>`` (``SLUICE_KAFKA_SECURITY_PROTOCOL`` -> ``security.protocol``)."""
+    out = dict(conf or {})
+    for name, value in env.items():
+        if name.startswith(KAFKA_PREFIX) and value:
+            prop = name[len(KAFKA_PREFIX):].lower().replace("_", ".")
+            out["bootstrap.servers" if prop == "bootstrap" else prop] = value
+    return out
+
+
 def _schema(registry: Registry) -> _Section:
     """Every key the YAML file accepts, with its type."""
     stream = min(registry.streams, default="my_stream")
@@ -150,6 +175,7 @@ def _schema(registry: Registry) -> _Section:
             "lake": _root,
             "now": _timestamp,
             "pipelines_path": _path,
+            "kafka": _kafka_properties,
             **_GLOBALS,
             "streams": _Each(
                 "stream", set(registry.streams),
@@ -335,5 +361,6 @@ def load_settings(
         stream_overrides=overrides,
         windows=windows,
         policies=policies,
+        kafka=kafka_properties(env, conf.get("kafka")),
         **typed,
     )

@@ -78,6 +78,10 @@ class Settings:
     # Where alerts point for Data Docs: a URL base under which the Data Docs pages are served. Default:
     # the Airflow plugin's path (``/sluice/docs``) on Airflow's ``[api] base_url``.
     data_docs_url: str | None = None
+    # Kafka client properties for the streams that read a topic (SPEC 2), by librdkafka's names, as the
+    # Airflow connection kafka_default holds them: bootstrap.servers, security.protocol, sasl.*, ssl.*. They may
+    # hold a secret, so they are never printed (repr) and never written to a table or a log.
+    kafka: Mapping[str, str] = field(default_factory=dict, repr=False)
 
     # The registry as loaded for these settings: one consistent view of the definitions for the whole run,
     # instead of re-scanning the pipelines folder on every stream or pipeline lookup.

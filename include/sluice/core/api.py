@@ -65,9 +65,34 @@ def _duration(owner: str, key: str, value: object) -> timedelta:
         raise DefinitionError(str(exc)) from None
 
 
+# A Kafka topic name: what the broker accepts (Kafka's Topic.validate).
+_TOPIC = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+
+@dataclass(frozen=True)
+class KafkaSource:
+    """Where a stream's records come from when it is not a landing folder: a Kafka topic (SPEC 2, "Kafka
+    streams"). Each record's value is one JSON document and its timestamp is its arrival time. The servers and
+    security come from the run's settings (the Airflow connection ``kafka_default``, or ``SLUICE_KAFKA_*``),
+    never from the declaration, so that a pipeline file holds no address and no secret."""
+
+    topic: str
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic, str) or not _TOPIC.match(self.topic) or self.topic in (".", ".."):
+            raise DefinitionError(f"kafka(topic={self.topic!r}): a topic name is 1-249 letters, digits, '.', '_' "
+                                  "or '-', e.g. kafka(topic='readings')")
+
+
+def kafka(topic: str) -> KafkaSource:
+    """A stream's source: the Kafka topic ``topic``, e.g. ``Stream(..., source=kafka(topic="readings"))``."""
+    return KafkaSource(topic)
+
+
 @dataclass(frozen=True, eq=False)
 class Stream:
-    """A landing stream: ``landing/<name>/`` JSON Lines files, with the fields each record carries.
+    """A stream: ``landing/<name>/`` JSON Lines files, or a Kafka topic (``source=kafka(topic=...)``), with the
+    fields each record carries.
 
     ``fields`` maps field names to ``string``, ``long``, ``double``, ``boolean`` or ``timestamp``; the
     event-time field (``event_time`` unless ``event_time=`` names another) must be a ``timestamp``.
@@ -82,10 +107,14 @@ class Stream:
     early_tolerance: str | timedelta | float = "5m"
     idle_timeout: str | timedelta | float = "30m"
     event_time: str = "event_time"
+    source: KafkaSource | None = None  # None: the landing folder
 
     def __post_init__(self) -> None:
         _name("stream", self.name)
         owner = f"Stream {self.name!r}"
+        if self.source is not None and not isinstance(self.source, KafkaSource):
+            raise DefinitionError(f"{owner}: source must be kafka(topic=...) or left out (the landing folder), "
+                                  f"got {self.source!r}")
         if not isinstance(self.fields, Mapping) or not self.fields:
             raise DefinitionError(f"{owner}: fields must be a mapping of field name to type, e.g. "
                                   "{'reading_id': 'string', 'event_time': 'timestamp'}")
@@ -129,7 +158,7 @@ class Stream:
 
     def _identity(self) -> tuple[Any, ...]:
         return (self.name, tuple(self.fields.items()), self.id, self.required, self.watermark_delay,
-                self.early_tolerance, self.idle_timeout, self.event_time)
+                self.early_tolerance, self.idle_timeout, self.event_time, self.source)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and self._identity() == other._identity()

@@ -17,7 +17,7 @@ from sluice.core.checks import Check
 from sluice.core.windows import WindowSpec
 
 if TYPE_CHECKING:
-    from sluice.core.api import Build, Pipeline, Stream
+    from sluice.core.api import Build, KafkaSource, Pipeline, Stream
 
 EVENT_TIME = "event_time"  # the internal name of every stream's event-time column
 
@@ -38,6 +38,7 @@ class StreamSpec:
     idle_timeout: timedelta = timedelta(minutes=30)
     types: Mapping[str, str] = field(default_factory=dict)  # internal field -> string|long|double|boolean|timestamp
     time_field: str = EVENT_TIME  # the event-time key in the records (and in the build function's inputs)
+    source: KafkaSource | None = None  # a Kafka topic, or None: the landing folder
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -68,6 +69,7 @@ class StreamSpec:
             idle_timeout=stream.idle_timeout,  # type: ignore[arg-type]
             types={internal(f): t for f, t in stream.fields.items()},
             time_field=stream.event_time,
+            source=stream.source,
         )
 
 

@@ -1,6 +1,7 @@
 """Landing JSON Lines -> bronze, quarantine, dlq and ops/ingest_batches (SPEC sections 2-3)."""
 
-from sluice.ingest.landing import StreamIngest, run_ingest, summary
+from sluice.ingest.landing import StreamIngest
+from sluice.ingest.run import run_ingest, summary
 from sluice.ingest.state import BatchRow, StreamState, load_state
 from sluice.ingest.time_rules import file_watermarks
 

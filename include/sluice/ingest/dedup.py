@@ -3,6 +3,7 @@ has an earlier copy in the same batch, is counted as a duplicate and stored nowh
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, Window
@@ -14,13 +15,17 @@ from sluice.ingest.state import StreamState
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
 
+# Arrival order for landing files: (mtime, path), the order batch ids are given in; the raw line breaks ties.
+FILE_ORDER = ("arrival_time", "source_file", "raw")
+
 
 def duplicate_lines(df: DataFrame, seen_ids: DataFrame | None, spec: StreamSpec, line_id: str, *,
-                    small: bool = True) -> DataFrame:
+                    small: bool = True, order: Sequence[str] | None = None) -> DataFrame:
     """The lines (``line_id``) of ``df`` that are duplicates: valid records whose id was already accepted or
     dead-lettered (``seen_ids``: one ``id`` column, the text the id was parsed from; None when no earlier batch
     accepted or dead-lettered anything), or that have an earlier valid copy in this batch (earlier file in
-    arrival order; ties broken by the raw line so that the choice is deterministic). A quarantined copy of an
+    arrival order; ties broken by the raw line so that the choice is deterministic; ``order`` names other
+    columns for that order, such as a Kafka record's timestamp, partition and offset). A quarantined copy of an
     id (bad timestamp, early) is not a record: it never makes a valid one a duplicate, as it cannot when the
     two land in different triggers.
 
@@ -40,12 +45,12 @@ def duplicate_lines(df: DataFrame, seen_ids: DataFrame | None, spec: StreamSpec,
         matched = seen_ids.select("id").join(F.broadcast(ids) if small else ids, "id", "left_semi").distinct()
         suspects = suspects.unionByName(matched.select("id", F.lit(True).alias("_seen")))
     suspects = suspects.groupBy("id").agg(F.max("_seen").alias("_seen"))
-    # Arrival order is (mtime, path), the order batch ids are given in.
-    order = Window.partitionBy("id").orderBy("arrival_time", "source_file", "raw")
+    columns = list(order or FILE_ORDER)
+    first = Window.partitionBy("id").orderBy(*columns)
     # The suspects are few (about 1% of a batch's ids are duplicates): broadcast, so that only their rows are
     # ranked, where a sort-merge join shuffled every valid row of the batch to find them.
-    ranked = valid.select(F.col(id_col).alias("id"), "arrival_time", "source_file", "raw", line_id).join(
-        F.broadcast(suspects), "id").withColumn("_rank", F.row_number().over(order))
+    ranked = valid.select(F.col(id_col).alias("id"), *columns, line_id).join(
+        F.broadcast(suspects), "id").withColumn("_rank", F.row_number().over(first))
     return ranked.filter(F.col("_seen") | (F.col("_rank") > 1)).select(line_id)
 
 

@@ -37,20 +37,18 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from collections.abc import Callable
+from concurrent.futures import Future
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from sluice.config import Settings
 from sluice.core.lake import credentials_for
 from sluice.core.model import StreamSpec
 from sluice.core.progress import nothing, progress
-from sluice.ingest.declarations import check_declaration
 from sluice.ingest.files import (
     LANDING_GLOB,
     LANDING_READ_OPTIONS,
@@ -62,7 +60,7 @@ from sluice.ingest.files import (
 )
 from sluice.ingest.microbatch import BLOCK_START, MicroBatchIngest
 from sluice.ingest.state import BatchRow, app_id, load_state, ops_rows
-from sluice.ingest.time_rules import all_late, all_late_message, arrived_after, arrived_after_message, heartbeat
+from sluice.ingest.time_rules import all_late, all_late_message, heartbeat
 from sluice.runtime.context import RunContext
 from sluice.storage import tables
 from sluice.storage.objects import ObjectInfo, folder_listing, hadoop_read_options
@@ -153,7 +151,7 @@ class StreamIngest:
         if listed is not None and (readable or self._uncommitted_batch()):
             self.start_tables()
             with progress(len(readable), f"ingest {self.spec.name}", "file") as self._advance:
-                self._run_query(landing)
+                self._run_query()
             self._advance = nothing
             self.ensure_tables()  # made even when the query wrote nothing (and its errors are this run's)
         elif listed is not None:
@@ -249,18 +247,33 @@ class StreamIngest:
             version=row.batch_id, metadata=self._single_meta(row),
         )
 
-    def _run_query(self, landing: str) -> None:
-        batches = MicroBatchIngest(
+    def _run_query(self) -> None:
+        """The stream's ingest query, availableNow: each micro-batch of :meth:`_records` to
+        :meth:`_micro_batches`, its offsets in the stream's checkpoint."""
+        query = (
+            self._records().writeStream.queryName(f"sluice_ingest_{self.spec.name}")
+            .option("checkpointLocation", self.checkpoint)
+            .trigger(availableNow=True)
+            .foreachBatch(self._micro_batches().process_batch)
+            .start()
+        )
+        query.awaitTermination()
+
+    def _micro_batches(self) -> MicroBatchIngest:
+        return MicroBatchIngest(
             self.spark, self.settings, self.engine, self.spec, self.query_id(), self._pending, self._report,
             before_commit=self._ready_to_write,
         )
-        stream = (
+
+    def _records(self) -> DataFrame:
+        """The landing folder's lines as a stream: ``raw``, ``source_file``, ``arrival_time`` and the split."""
+        return (
             self.spark.readStream.format("text")
             .option("pathGlobFilter", LANDING_GLOB)
             .options(**LANDING_READ_OPTIONS)
             .options(**hadoop_read_options(self.settings.landing))
             .option("maxFilesPerTrigger", str(self.settings.max_files_per_trigger))
-            .load(landing)
+            .load(self.settings.landing.join(self.spec.name))
             .select(
                 F.col("value").alias("raw"),
                 F.col("_metadata.file_path").alias("source_file"),
@@ -270,14 +283,6 @@ class StreamIngest:
                 F.coalesce(F.col("_metadata.file_block_start"), F.lit(0)).alias(BLOCK_START),
             )
         )
-        query = (
-            stream.writeStream.queryName(f"sluice_ingest_{self.spec.name}")
-            .option("checkpointLocation", self.checkpoint)
-            .trigger(availableNow=True)
-            .foreachBatch(batches.process_batch)
-            .start()
-        )
-        query.awaitTermination()
 
     # -- heartbeats ---------------------------------------------------------------------------------
     def maybe_heartbeat(self) -> None:
@@ -316,6 +321,10 @@ class StreamIngest:
                 self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
                                                        credentials_for(self.settings.landing.uri)))
 
+    def _progress_units(self, row: BatchRow) -> int:
+        """What a committed batch counts for in the progress of the query: one landing file."""
+        return 1
+
     def _single_meta(self, row: BatchRow) -> dict[str, Any]:
         return {
             "stream": row.stream, "batch_ids": [row.batch_id, row.batch_id], "heartbeat": row.is_heartbeat,
@@ -347,7 +356,7 @@ class StreamIngest:
     def _report(self, row: BatchRow) -> None:
         self.reports.append(row)
         if row.spark_batch_id is not None:
-            self._advance(1)
+            self._advance(self._progress_units(row))
         wm = lambda ts: ts.strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "-"  # noqa: E731
         if row.is_heartbeat:
             log.info("ingest %-11s batch %4d heartbeat at %s  watermark %s -> %s", row.stream, row.batch_id,
@@ -364,94 +373,6 @@ class StreamIngest:
             )
 
 
-def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchRow]]:
-    """Ingest each stream once (availableNow) and return the batches committed in this cycle. Each stream
-    is ingested under its own lock: a stream shared by several pipelines is never ingested by two
-    processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
-    pipeline's streaming query reads it from its own checkpoint, so every pipeline sees every record).
-
-    The streams are ingested side by side, one thread each, but write one after the other: a stream waits,
-    before its first write, until every stream before it in the write order is done. So a stream's query
-    start, its listing and its parse overlap another's Spark work, and the tables still get the commits of
-    one stream after the other (ops/ingest_batches is shared). The write order is the streams' new bytes,
-    fewest first (then the order given): the same for the same landing files, and a small stream does not
-    wait for a large one's writes. A stream that fails stops the streams after it before their first write,
-    as running them one after the other would.
-
-    Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
-    many, over all its streams."""
-    # Every stream's declaration first: a change that would change what ingested records mean is refused
-    # before any stream of the cycle writes anything (SPEC 9).
-    for name in streams:
-        spec = ctx.settings.stream(name)
-        check_declaration(spec, ctx.state, tables.bronze(spec).path(ctx.settings))
-    # The shared ops table before the threads (delta-rs, no JVM): they would race to create it.
-    ops = tables.INGEST_BATCHES
-    ctx.ops_engine.ensure_table(ops.path(ctx.settings), ops.schema, ops.partition_by)
-    done = [threading.Event() for _ in streams]
-    failed: set[int] = set()
-    # Each stream's place in the write order (see above); an estimate from a listing is enough to order by.
-    new_bytes = [StreamIngest(ctx, ctx.settings.stream(name)).new_bytes() for name in streams]
-    order = sorted(range(len(streams)), key=lambda i: (new_bytes[i], i))
-    rank = {index: place for place, index in enumerate(order)}
-
-    def wait_for_earlier(index: int) -> Callable[[], None]:
-        def wait() -> None:
-            earlier = order[: rank[index]]
-            for j in earlier:
-                done[j].wait()
-            # Only an earlier stream's failure stops this one: run one after the other, a later stream's
-            # failure would have come after this stream was ingested.
-            stopped = [j for j in earlier if j in failed]
-            if stopped:
-                raise IngestAborted(f"{streams[index]}: not ingested, because {streams[stopped[0]]} failed first")
-        return wait
-
-    def ingest(index: int, name: str) -> list[BatchRow]:
-        try:
-            with ctx.stream_lock(name, purpose=f"ingest now={ctx.now.isoformat()}"):
-                return StreamIngest(ctx, ctx.settings.stream(name), wait_for_earlier(index)).run()
-        except BaseException:
-            failed.add(index)
-            raise
-        finally:
-            done[index].set()
-
-    # The run's resources before the threads share them (each is made on first use).
-    _ = ctx.engine, ctx.state
-    with ThreadPoolExecutor(max(1, len(streams)), thread_name_prefix="sluice-ingest") as pool:
-        futures = {name: pool.submit(ingest, i, name) for i, name in enumerate(streams)}
-        wait(list(futures.values()))
-    # The first failure in write order (the others may only say that they were stopped by it).
-    errors = [e for e in (futures[streams[i]].exception() for i in order) if e is not None]
-    first = next((e for e in errors if not isinstance(e, IngestAborted)), errors[0] if errors else None)
-    if first is not None:
-        raise first
-    out = {name: future.result() for name, future in futures.items()}
-    future = arrived_after(out, ctx.now)
-    if future:
-        log.warning("%s", arrived_after_message(future, ctx.now))
-    return out
-
-
-class IngestAborted(RuntimeError):
-    """A stream was not ingested because a stream before it in the run failed."""
-
-
-def summary(settings: Settings, streams: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Per-stream totals over all batches ever committed: where every line went."""
-    out = {}
-    for name in streams:
-        state = load_state(settings, name)
-        out[name] = {
-            **state.totals(),
-            "watermark": state.watermark,
-            "last_arrival": state.last_arrival,
-            "batches": len(state.rows),
-        }
-    return out
-
-
 def _json_default(value: object) -> str:
     return value.isoformat() if isinstance(value, datetime) else str(value)
 
@@ -460,8 +381,4 @@ def dumps(obj: object) -> str:
     return json.dumps(obj, default=_json_default, indent=2, sort_keys=True)
 
 
-__all__ = [
-    "StreamIngest",
-    "run_ingest",
-    "summary",
-]
+__all__ = ["StreamIngest"]

@@ -42,6 +42,7 @@ from sluice.ingest.files import source_key
 from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
 from sluice.ingest.time_rules import file_watermarks
+from sluice.ingest.topics import TopicBatches
 from sluice.storage import tables
 from sluice.storage.engine import DeltaEngine
 from sluice.storage.objects import ObjectInfo
@@ -52,6 +53,8 @@ log = logging.getLogger("sluice.ingest")
 # broadcast for the dedup look-up (a few tens of MB of ids at most); larger ones are shuffled instead.
 BROADCAST_BATCH_BYTES = 128 << 20
 GZIP_RATIO = 8
+# What a Kafka record is taken to weigh for that choice (a typical event of a few fields).
+KAFKA_RECORD_BYTES = 200
 # Up to this many quarantined and late lines in a batch are collected and written by the driver: a Parquet
 # write job per table costs more than the rows. More (a whole file of bad lines) are written by Spark.
 DRIVER_WRITE_ROWS = 10_000
@@ -75,6 +78,8 @@ class FileCounts:
     max_event: datetime | None = None  # of the candidate records (valid, not duplicates)
     # (block start, lines read, smallest line id) per file split Spark read
     splits: list[tuple[int, int, int]] = field(default_factory=list)
+    # A Kafka micro-batch: partition -> the first offset it read (its splits are its partitions)
+    first_offsets: dict[int, int] = field(default_factory=dict)
 
     def line_offsets(self) -> list[tuple[int, int]]:
         """(block start, offset) per split: a line's number is its line id plus its split's offset."""
@@ -98,6 +103,7 @@ class MicroBatchIngest:
         pending: list[ObjectInfo],
         report: Callable[[BatchRow], None],
         before_commit: Callable[[], None] | None = None,
+        topic: TopicBatches | None = None,
     ):
         self.spark = spark
         self.settings = settings
@@ -112,11 +118,17 @@ class MicroBatchIngest:
         self._pending = pending
         # Records a committed row (StreamIngest's reports and progress).
         self._report = report
-        # Waits for this stream's turn to write (see sluice.ingest.landing.run_ingest).
+        # Waits for this stream's turn to write (see sluice.ingest.run.run_ingest).
         self._before_commit = before_commit or (lambda: None)
+        # A Kafka stream's micro-batches (sluice.ingest.kafka): the unit is the whole micro-batch, not a file.
+        self._topic = topic
 
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
         state = load_state(self.settings, self.spec.name)
+        if self._topic is not None:
+            # A Kafka micro-batch is one unit (one ops row, one watermark), named by the offset ranges the
+            # checkpoint planned for it: the same name when a crashed batch is replayed.
+            df = df.withColumn("source_file", F.lit(self._topic.label(spark_batch_id)))
         # Lines Spark read from a file quarantined whole (the start of a truncated .gz) are not records.
         unreadable = {r.source_file for r in state.rows if r.unreadable and r.source_file}
         # Before any filter, in the stage that reads the files: ids consecutive within each file split, which
@@ -145,19 +157,20 @@ class MicroBatchIngest:
             # No earlier batch accepted or dead-lettered a record (a new stream): no id was seen before.
             earlier = any(r.accepted or r.late for r in prior.rows)
             seen = seen_ids(self.engine, self.settings, spec, prior, first_id) if earlier else None
-            duplicates = duplicate_lines(classified, seen, spec, LINE_ID, small=self._small_batch()).persist(
-                StorageLevel.MEMORY_AND_DISK)
+            order = self._topic.order if self._topic is not None else None
+            duplicates = duplicate_lines(classified, seen, spec, LINE_ID, small=self._small_batch(spark_batch_id),
+                                         order=order).persist(StorageLevel.MEMORY_AND_DISK)
             # Not cached itself: the cached lines and a broadcast join of the few duplicates' line ids.
             parsed = classified.transform(mark_duplicates(duplicates, LINE_ID))
             try:
                 # One Spark job lists the batch's files and counts what happened to their lines.
-                per_file = self._per_file(parsed, prior.watermark)
+                per_file = self._per_file(parsed, prior.watermark, offsets=self._topic is not None)
                 # The file path as Spark spelled it may differ from ours (spark_path): judge by identity.
                 unread = {source_key(u) for u in unreadable}
                 ignored = {path for path in per_file if source_key(path) in unread or self._nested(path)}
                 if ignored:
                     self._process(df, spark_batch_id, state, unreadable | ignored)
-                elif per_file:
+                elif per_file or self._topic is not None:
                     self._finish_batch(parsed, per_file, existing, prior, spark_batch_id, first_id)
             finally:
                 duplicates.unpersist()
@@ -167,6 +180,8 @@ class MicroBatchIngest:
     def _nested(self, path: str) -> bool:
         """Whether a file Spark read lies in a subfolder of the landing folder (the recursive lookup lists
         those too): landing files are the folder's own files, as the listing of new files has them."""
+        if self._topic is not None:
+            return False
         folder = source_key(self.settings.landing.join(self.spec.name))
         nested = source_key(path).rsplit("/", 1)[0] != folder.rstrip("/")
         if nested:
@@ -175,18 +190,23 @@ class MicroBatchIngest:
         return nested
 
     @staticmethod
-    def _per_file(parsed: DataFrame, watermark: datetime | None) -> dict[str, FileCounts]:
+    def _per_file(parsed: DataFrame, watermark: datetime | None, offsets: bool = False) -> dict[str, FileCounts]:
         """Per landing file of the batch: its arrival time, lines (records) and blank lines, the max event
         time of its candidate records (valid, not duplicates), how many lines were quarantined, duplicates,
         or below ``watermark`` (the stream's watermark before the batch: late, for every file that the batch's
         own earlier files do not move it past), and per file split the lines read and their smallest id (for
-        the line numbers). Counted per (file, split) by Spark and summed per file here."""
+        the line numbers). Counted per (file, split) by Spark and summed per file here. A Kafka micro-batch is
+        one "file" whose splits are its partitions; ``offsets`` adds the first offset read per partition."""
         reason = F.col("reason")
         candidate = reason.isNull() & ~F.col("_duplicate")
         below = candidate & (F.col("event_time") < F.lit(watermark)) if watermark else F.lit(False)
+        extra = [F.min("_offset").alias("first_offset")] if offsets else []
         rows = (
-            parsed.groupBy("source_file", "arrival_time", BLOCK_START)
+            # A file's lines share its arrival time; a Kafka batch's records each have their own: its latest.
+            parsed.groupBy("source_file", BLOCK_START)
             .agg(
+                *extra,
+                F.max("arrival_time").alias("arrival_time"),
                 F.count(F.lit(1)).alias("read"),
                 F.min(LINE_ID).alias("first_id"),
                 F.count(F.when(reason == BLANK, 1)).alias("skipped"),
@@ -207,13 +227,18 @@ class MicroBatchIngest:
             counts.below_watermark += r["below_watermark"]
             if r["max_event"] is not None and (counts.max_event is None or r["max_event"] > counts.max_event):
                 counts.max_event = r["max_event"]
+            counts.arrival_time = max(counts.arrival_time, r["arrival_time"])
             counts.splits.append((r[BLOCK_START], r["read"], r["first_id"]))
+            if offsets:
+                counts.first_offsets[r[BLOCK_START]] = r["first_offset"]
         return out
 
-    def _small_batch(self) -> bool:
+    def _small_batch(self, spark_batch_id: int) -> bool:
         """Whether a batch's ids are few enough to be broadcast for the dedup look-up, judged from the size
         of the landing files this cycle listed (metadata, no Spark job): a batch holds at most
-        ``max_files_per_trigger`` of them. Either way the result is the same."""
+        ``max_files_per_trigger`` of them; for Kafka, from its offset ranges. Either way the result is the same."""
+        if self._topic is not None:
+            return self._topic.records(spark_batch_id) * KAFKA_RECORD_BYTES <= BROADCAST_BATCH_BYTES
         if not self._pending:
             # Only a batch planned before a crash is left, of files this cycle no longer lists: size unknown.
             return False
@@ -231,6 +256,12 @@ class MicroBatchIngest:
         first_id: int,
     ) -> None:
         spec = self.spec
+        lost = self._lost(spark_batch_id, per_file)
+        if not per_file:
+            # A Kafka micro-batch whose every offset was lost to retention: its row records the loss.
+            if lost:
+                self._commit_lost(spark_batch_id, existing, prior, first_id, lost)
+            return
         # Batch ids follow arrival order (mtime, then path), as one file per trigger would give them.
         files = sorted((collected_utc(c.arrival_time), path) for path, c in per_file.items())
         if existing:
@@ -258,6 +289,9 @@ class MicroBatchIngest:
         # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
         final = (parsed.join(F.broadcast(files_df), ["source_file", BLOCK_START])
                  .withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset")))
+        if self._topic is not None:
+            # Each record keeps its own address, and a record has no line number: its value is one document.
+            final = final.withColumn("source_file", self._topic.address()).withColumn("_line", F.lit(None).cast("long"))
         late = {seq[p]: c.below_watermark for p, c in per_file.items()}
         if any(before != prior.watermark for before, _after in marks.values()):
             # An earlier file of the batch moved the watermark for a later one (a catch-up of several files):
@@ -288,8 +322,39 @@ class MicroBatchIngest:
                 spark_batch_id=spark_batch_id,
                 query_id=self._query_id,
                 skipped=counts.skipped,
+                lost=lost,
             ))
         self._commit(final, rows, first_id, last_id)
+
+    def _lost(self, spark_batch_id: int, per_file: dict[str, FileCounts]) -> int:
+        """How many of a Kafka micro-batch's planned offsets retention deleted before it read them (0 for files)."""
+        if self._topic is None:
+            return 0
+        first_read = {p: o for counts in per_file.values() for p, o in counts.first_offsets.items()}
+        lost = self._topic.lost(spark_batch_id, first_read)
+        if lost:
+            ranges = ", ".join(f"partition {p}: {start}-{end - 1}" for p, (start, end) in sorted(lost.items()))
+            log.warning("%s: %d Kafka offset(s) of topic %s were deleted by the topic's retention before they were "
+                        "read (%s); going on from the earliest offset", self.spec.name,
+                        sum(e - s for s, e in lost.values()), self._topic.topic, ranges)
+        return sum(end - start for start, end in lost.values())
+
+    def _commit_lost(self, spark_batch_id: int, existing: list[BatchRow], prior: StreamState, first_id: int,
+                     lost: int) -> None:
+        assert self._topic is not None
+        batch_id = existing[0].batch_id if existing else first_id
+        row = BatchRow(stream=self.spec.name, batch_id=batch_id, watermark_before=prior.watermark,
+                       watermark_after=prior.watermark, source_file=self._topic.label(spark_batch_id),
+                       spark_batch_id=spark_batch_id, query_id=self._query_id, lost=lost)
+        self._before_commit()
+        self.engine.append_rows(
+            ops_rows([row]), tables.INGEST_BATCHES.schema, tables.INGEST_BATCHES.path(self.settings),
+            app_id=app_id(self.spec.name), version=batch_id,
+            metadata={"stream": row.stream, "batch_ids": [batch_id, batch_id], "watermark_before": prior.watermark,
+                      "watermark_after": prior.watermark, "spark_batch_id": spark_batch_id,
+                      "query_id": self._query_id},
+        )
+        self._report(row)
 
     def _commit(self, final: DataFrame, rows: list[BatchRow], first_id: int, last_id: int) -> None:
         spec = self.spec

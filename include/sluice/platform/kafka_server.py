@@ -77,7 +77,8 @@ def _java(main: str, *args: str, log4j: Path | None = None) -> list[str]:
 def format_command(properties: Path, cluster: str) -> list[str]:
     """Formats the log folder of ``properties`` for a new one-node cluster (``--standalone``: this node is the
     whole controller quorum)."""
-    return _java("kafka.tools.StorageTool", "format", "-t", cluster, "-c", str(properties), "--standalone")
+    # --cluster-id=<id> in one argument: a base64url id may start with '-', which the tool would read as an option.
+    return _java("kafka.tools.StorageTool", "format", f"--cluster-id={cluster}", "-c", str(properties), "--standalone")
 
 
 def broker_command(properties: Path) -> list[str]:

@@ -106,6 +106,23 @@ def older_definitions(settings: Settings, state: LakeState | None) -> list[dict[
     return out
 
 
+def kafka_warnings(settings: Settings, state: LakeState | None) -> list[str]:
+    """A warning per Kafka stream whose topic stamps records with the producer's clock (``CreateTime``), as its
+    ingest last found it: arrival times are then the producers', not the broker's (SPEC 2)."""
+    from sluice.ingest.topics import CREATE_TIME, checkpoint_path
+
+    out = []
+    for name, spec in sorted(settings.streams.items()):
+        if spec.source is None or state is None:
+            continue
+        topic = state.read_json(*checkpoint_path(name, "kafka_topic.json"))
+        if topic is not None and topic.get("timestamp_type") == CREATE_TIME:
+            out.append(f"stream {name}: Kafka topic {topic.get('topic')} uses CreateTime, so each record's arrival "
+                       "time is its producer's clock and the early rule trusts it; set message.timestamp.type="
+                       "LogAppendTime on the topic for the broker's arrival times")
+    return out
+
+
 def render_status(settings: Settings, state: LakeState | None = None) -> str:
     streams = list(settings.streams)
     out = [
@@ -118,6 +135,9 @@ def render_status(settings: Settings, state: LakeState | None = None) -> str:
         "windows (ops/window_ledger):",
         ledger_summary(settings),
     ]
+    topics = kafka_warnings(settings, state)
+    if topics:
+        out += ["", "warnings:", *(f"  {w}" for w in topics)]
     unreadable = unreadable_files(settings, streams)
     if unreadable:
         out += ["", "unreadable landing files (quarantined whole, reason unreadable_file; land a good copy under a "
@@ -189,7 +209,7 @@ def status_data(settings: Settings, state: LakeState | None = None) -> dict[str,
         "lake": str(settings.lake),
         "landing": str(settings.landing),
         "pipelines_path": str(settings.registry.path),
-        "warnings": home_warnings(settings),
+        "warnings": home_warnings(settings) + kafka_warnings(settings, state),
         "streams": stream_totals(settings, streams),
         "pipelines": [
             {**p, "closed_up_to": rfc3339(p["closed_up_to"]), "oldest_open": rfc3339(p["oldest_open"])}

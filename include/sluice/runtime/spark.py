@@ -186,7 +186,13 @@ def delta_conf(settings: Settings | None = None) -> dict[str, str]:
 
 
 def _jar_sets(settings: Settings | None) -> tuple[str, ...]:
-    return ("delta", "s3") if settings is not None and on_object_storage(settings) else ("delta",)
+    """Delta's always; s3a's when a root is on object storage; Spark's Kafka source when a stream reads a topic
+    or Kafka's servers are configured (a session of a platform with a ``kafka_default`` connection)."""
+    if settings is None:
+        return ("delta",)
+    kafka = bool(settings.kafka.get("bootstrap.servers")) or any(
+        spec.source is not None for spec in settings.streams.values())
+    return ("delta", *(("s3",) if on_object_storage(settings) else ()), *(("kafka",) if kafka else ()))
 
 
 def _cached_jars(settings: Settings | None) -> list[str]:

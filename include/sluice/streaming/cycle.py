@@ -19,11 +19,17 @@ import logging
 import time
 from dataclasses import dataclass, field
 
-from sluice.alerting.outbox import AlertTally, alerts_recorded_since, outbox_snapshot, unreadable_files_alert
+from sluice.alerting.outbox import (
+    AlertTally,
+    alerts_recorded_since,
+    kafka_offsets_lost_alert,
+    outbox_snapshot,
+    unreadable_files_alert,
+)
 from sluice.config import Settings
 from sluice.core.windows import Window
 from sluice.ingest.accounting import accounting_table
-from sluice.ingest.landing import run_ingest
+from sluice.ingest.run import run_ingest
 from sluice.ingest.state import BatchRow
 from sluice.ingest.time_rules import all_late, all_late_message, arrived_after, arrived_after_message
 from sluice.quality.checker import QualityChecker, QualityReport, merged_reports, raise_alert
@@ -124,9 +130,9 @@ def run_cycle(
         batches = run_ingest(ctx, streams)
         # From the ingest log, not from this cycle's batches: a crash between a file's quarantine and its
         # alert is caught up here, and a rerun finds the alert's key already recorded.
-        unreadable = unreadable_files_alert(settings, pipeline)
-        if unreadable is not None:
-            raise_alert(settings, engine, unreadable, deliver=deliver_alerts)
+        for ingest_alert in (unreadable_files_alert(settings, pipeline), kafka_offsets_lost_alert(settings, pipeline)):
+            if ingest_alert is not None:
+                raise_alert(settings, engine, ingest_alert, deliver=deliver_alerts)
         # Before new windows close: a window closing in this cycle counts its DLQ records when it closes.
         amended = scan_amendments(ctx.ledger(pipeline), engine, ctx.state, definition)
         # A changed definition is applied before any window closes under it (SPEC 9): rebuilt, gone forward,
