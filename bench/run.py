@@ -74,6 +74,8 @@ CHUNK_HOURS = 24  # the generator holds a chunk in memory; larger sizes are gene
 SAMPLE_S = 0.2
 SCALING_SIZES = (250_000, 1_000_000, 4_000_000)
 MAIN_STAGES = ("bare_spark", "cycle", "backfill", "noop_cycle", "spark_batch", "duckdb", "empty_cycle", "empty_job")
+# bench/kafka_case.py's stages: the catch-up of a day in a topic, then its increments, each beside the bare job.
+KAFKA_STAGES = ("kafka_cycle", "kafka_bare", "kafka_incr", "kafka_incr_bare")
 # Steady state (README, "Steady state"): 15-minute increments on homes that already hold a caught-up history.
 STEADY_STAGES = (
     "catchup_cycle", "catchup_bare",  # untimed for the ratios: the day of history, caught up once
@@ -86,7 +88,7 @@ SLUICE_STAGES = ("cycle", "noop_cycle", "empty_cycle", "backfill", "catchup_cycl
                  "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist")
 STEADY_RESULTS = ("incr_cycle_s", "incr/bare_spark", "history_ratio", "dag_run/bare_submit")  # final-line fields
 # Appended to the final line after STEADY_RESULTS, with their targets (<=) for the report.
-EXTRA_RESULTS = {"empty_cycle/empty_job": 1.0, "dq_history_ratio": 1.1}
+EXTRA_RESULTS = {"empty_cycle/empty_job": 1.0, "dq_history_ratio": 1.1, "kafka_cycle/bare": 1.0, "kafka_incr/bare": 1.0}
 INCREMENT_MINUTES = 15
 # The generator lands a file 1-2 min after its slice ends, so "now" = end of the data landed so far + 2 min:
 # every landed file has arrived by then, and no stream is idle (idle_timeout 30 min), so no heartbeat moves a
@@ -1132,7 +1134,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    main = [s for s in results["summary"] if s["stage"] in MAIN_STAGES]
+    main = [s for s in results["summary"] if s["stage"] in (*MAIN_STAGES, *KAFKA_STAGES)]
     rows = [
         "| stage | events | runs | wall s (median) | min..max | events/s | peak RSS MB | in-process s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -1284,6 +1286,10 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         help="increments after each history length for history_ratio (default 3; smoke 1)")
     parser.add_argument("--history-rate-divisor", type=int,
                         help="history_ratio runs at the reference rate divided by this (default 16; smoke 1)")
+    parser.add_argument("--kafka-events", type=int, help="readings in the Kafka case's topic (default 1,000,000; "
+                        "smoke 5,000)")
+    parser.add_argument("--kafka-increments", type=int, help="15-min increments of the Kafka case (default 3; smoke 1)")
+    parser.add_argument("--skip-kafka", action="store_true", help="skip the Kafka case (bench/kafka_case.py)")
     parser.add_argument("--dag-runs", type=int, default=1,
                         help="scheduled DAG runs (each with one bare spark-submit) in the steady state; 0 = none")
     args = parser.parse_args(argv)
@@ -1299,7 +1305,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # a second increment cost a minute of CI and ran no path the first does not).
     # History: 3 increments per side (the 3rd closes a window on both, so each median is a non-closing one)
     # at 1/16 of the rate keep `make bench` within its 15 minutes on this 2-core VM (README, "How to run").
-    for name, default, smoke in (("increments", 8, 1), ("history_increments", 3, 1), ("history_rate_divisor", 16, 1)):
+    for name, default, smoke in (("increments", 8, 1), ("history_increments", 3, 1), ("history_rate_divisor", 16, 1),
+                                 ("kafka_events", 1_000_000, 5_000), ("kafka_increments", 3, 1)):
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else default)
     if args.increments < 1 or args.history_increments < 1 or args.history_rate_divisor < 1 or args.dag_runs < 0:
@@ -1353,6 +1360,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             bench.steady_state(ref)
         if main:
             bench.main_rounds(data, range(1, args.repeat))
+        if main and not args.skip_kafka:
+            from kafka_case import KafkaCase
+
+            KafkaCase(bench, args.kafka_events, args.kafka_increments, parse_sluice).run()
         sizes: list[int] = []
         if args.scaling:
             sizes = [int(s) for s in args.scaling_sizes.split(",") if s.strip()]
@@ -1369,6 +1380,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         lines = data.total_lines if stage not in ("empty_cycle", "empty_job") else 0
         events = data.events if stage not in ("empty_cycle", "empty_job") else 0
         s = summarize(bench.runs, stage, events, lines)
+        if s:
+            summary.append(s)
+    for stage in KAFKA_STAGES:
+        kafka_runs = [r for r in bench.runs if r.stage == stage]
+        s = summarize(bench.runs, stage, kafka_runs[0].events, kafka_runs[0].events) if kafka_runs else None
         if s:
             summary.append(s)
     scaling = []
@@ -1415,6 +1431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dq_history_ratio": ratio(dq_per_window("catchup_long_hist"), dq_per_window("catchup_short_hist")),
         "dq_incr_history_ratio": ratio(dq_validating("incr_long_hist"), dq_validating("incr_short_hist")),
         "dag_run/bare_submit": ratio(med("dag_run"), med("bare_submit")),
+        "kafka_cycle/bare": ratio(med("kafka_cycle"), med("kafka_bare")),
+        "kafka_incr/bare": ratio(med("kafka_incr"), med("kafka_incr_bare")),
     }
     results = {
         "machine": info,

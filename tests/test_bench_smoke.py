@@ -16,9 +16,11 @@ FINAL = re.compile(
     r"empty_cycle_s=(?P<empty>[0-9.]+) events_per_s=(?P<eps>[0-9]+) incr_cycle_s=(?P<incr>[0-9.]+) "
     r"incr/bare_spark=(?P<incr_bare>[0-9.]+) history_ratio=(?P<history>[0-9.]+) "
     r"dag_run/bare_submit=(?P<dag>[0-9.]+) empty_cycle/empty_job=(?P<empty_ratio>[0-9.]+) "
-    r"dq_history_ratio=(?P<dq_history>[0-9.]+|nan)$"
+    r"dq_history_ratio=(?P<dq_history>[0-9.]+|nan) kafka_cycle/bare=(?P<kafka>[0-9.]+) "
+    r"kafka_incr/bare=(?P<kafka_incr>[0-9.]+)$"
 )
-MAIN_STAGES = {"bare_spark", "cycle", "backfill", "spark_batch", "duckdb", "empty_cycle", "empty_job"}
+MAIN_STAGES = {"bare_spark", "cycle", "backfill", "spark_batch", "duckdb", "empty_cycle", "empty_job",
+               "kafka_cycle", "kafka_bare", "kafka_incr", "kafka_incr_bare"}
 # The day of history of incr_cycle / incr_bare is round 1's cycle and bare_spark, so no catchup_cycle/_bare.
 STEADY_STAGES = {
     "incr_cycle", "incr_bare", "airflow_migrate", "dag_run", "bare_submit",
@@ -80,6 +82,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
         assert outcomes["lines"] == sum(outcomes[k] for k in ("accepted", "quarantined", "late", "duplicates"))
         assert outcomes["lines"] <= sum(data["dataset"]["lines"].values()), (outcomes, data["dataset"]["lines"])
         assert outcomes["late"] < 0.01 * outcomes["lines"], outcomes
+    # The Kafka case: the cycle took in the whole topic, the increment its 15 minutes (5,000 // 96 readings).
+    for stage, accepted in (("kafka_cycle", 5_000), ("kafka_incr", 52)):
+        (run,) = [r for r in data["runs"] if r["stage"] == stage]
+        assert run["details"]["outcomes"]["accepted"] == accepted, (stage, run["details"]["outcomes"])
+    for key in ("kafka_cycle/bare", "kafka_incr/bare"):
+        assert data["ratios"][key] > 0, (key, data["ratios"][key])
     # Every incremental cycle ingested its increment (one landing file per stream).
     for run in (r for r in data["runs"] if r["stage"] in ("incr_cycle", "incr_short_hist", "incr_long_hist")):
         assert run["details"]["ingest_batches"] == {"impressions": 1, "clicks": 1}, (run["stage"], run["details"])

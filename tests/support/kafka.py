@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -20,10 +19,8 @@ from typing import Any
 
 import pytest
 
-from sluice.platform.kafka_server import broker_command, cluster_id, format_command, server_properties
-from sluice.platform.processes import free_port, listening, stop_group
-
-START_TIMEOUT_S = 120
+from sluice.platform.kafka_server import start_broker
+from sluice.platform.processes import stop_group
 
 
 @dataclass(frozen=True)
@@ -104,36 +101,8 @@ def kafka_pipelines(folder: Path, topic: str) -> Path:
 
 
 def start_kafka(root: Path) -> KafkaBroker:
-    port, controller = free_port(), free_port()
-    properties = server_properties(root, port, controller)
-    done = subprocess.run(format_command(properties, cluster_id(str(root))), capture_output=True, text=True,
-                          check=False)
-    if done.returncode != 0:
-        raise RuntimeError(f"formatting the Kafka log folder failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
-    out = (root / "broker.out").open("wb")
-    process = subprocess.Popen(broker_command(properties), stdout=out, stderr=subprocess.STDOUT,
-                               start_new_session=True)
-    broker = KafkaBroker(f"127.0.0.1:{port}", root, process)
-    deadline = time.monotonic() + START_TIMEOUT_S
-    while not _ready(broker):
-        if process.poll() is not None:
-            raise RuntimeError(f"the Kafka broker exited with {process.returncode}: "
-                               f"{(root / 'broker.out').read_text()[-3000:]}")
-        if time.monotonic() > deadline:
-            broker.stop()
-            raise RuntimeError(f"the Kafka broker did not listen on {port} within {START_TIMEOUT_S} s")
-        time.sleep(0.2)
-    return broker
-
-
-def _ready(broker: KafkaBroker) -> bool:
-    """Listening, and the controller has registered the broker (it then answers metadata with itself)."""
-    if not listening(int(broker.bootstrap.rsplit(":", 1)[1])):
-        return False
-    try:
-        return bool(broker.admin().list_topics(timeout=2).brokers)
-    except Exception:  # not ready yet: the client times out or the broker refuses
-        return False
+    broker = start_broker(root)
+    return KafkaBroker(broker.bootstrap, broker.root, broker.process)
 
 
 @pytest.fixture(scope="session")

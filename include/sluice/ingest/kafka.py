@@ -119,5 +119,9 @@ class KafkaIngest(StreamIngest):
             )
         )
 
+    def _unit_name(self, row: BatchRow) -> str:
+        """A micro-batch's offset ranges, without the topic the stream names anyway: ``0/0-99,1/0-42``."""
+        return (row.source_file or "").removeprefix(f"kafka://{self.topic_name}/") or "-"
+
     def _progress_units(self, row: BatchRow) -> int:
         return row.lines + row.skipped + row.lost

@@ -321,6 +321,10 @@ class StreamIngest:
                 self._write_unreadable(row, probe_file(source_key(row.source_file or ""),
                                                        credentials_for(self.settings.landing.uri)))
 
+    def _unit_name(self, row: BatchRow) -> str:
+        """What the ingest log names a batch by: its landing file's name."""
+        return Path(row.source_file or "").name
+
     def _progress_units(self, row: BatchRow) -> int:
         """What a committed batch counts for in the progress of the query: one landing file."""
         return 1
@@ -366,7 +370,7 @@ class StreamIngest:
                 log.warning("%s: %s", row.stream, all_late_message(row))
             log.info(
                 "ingest %-11s batch %4d %-28s lines=%d accepted=%d quarantined=%d late=%d duplicates=%d%s"
-                "  watermark %s -> %s", row.stream, row.batch_id, Path(row.source_file or "").name,
+                "  watermark %s -> %s", row.stream, row.batch_id, self._unit_name(row),
                 row.lines, row.accepted, row.quarantined, row.late, row.duplicates,
                 f" (blank lines skipped={row.skipped})" if row.skipped else "",
                 wm(row.watermark_before), wm(row.watermark_after),

@@ -1,7 +1,8 @@
 """A real Kafka broker on 127.0.0.1 (``jars.lock``'s kafka-broker set, fetched by ``make setup``): Kafka 4.4 in
 KRaft combined mode (one process is the broker and its own controller), run as a plain Java process with its log
-folder on local disk. No Docker and no ZooKeeper. The Kafka tests start one from a fixture; the platform will run
-one for its ``kafka_default`` connection (issue 57).
+folder on local disk. No Docker and no ZooKeeper. :func:`start_broker` formats and starts one on free loopback
+ports: the Kafka tests' fixture and ``make bench``'s Kafka case run one; the platform will run one for its
+``kafka_default`` connection (issue 57).
 
 Two steps, as Kafka's own quickstart: ``kafka.tools.StorageTool format`` writes the cluster id and the controller
 quorum into the log folder once, then ``kafka.Kafka server.properties`` serves it."""
@@ -9,10 +10,14 @@ quorum into the log folder once, then ``kafka.Kafka server.properties`` serves i
 from __future__ import annotations
 
 import os
+import subprocess
+import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.core.jars import jar_paths
+from sluice.platform.processes import free_port, listening, stop_group
 
 #: The broker's heap: a test broker holds a few small topics (about 330 MB resident at this setting).
 HEAP = "-Xmx512m"
@@ -86,3 +91,55 @@ def broker_command(properties: Path) -> list[str]:
     log4j = properties.with_name("log4j2.properties")
     log4j.write_text(LOG4J2.format(log=properties.with_name("server.log")))
     return _java("kafka.Kafka", str(properties), log4j=log4j)
+
+
+START_TIMEOUT_S = 120
+
+
+@dataclass
+class Broker:
+    """A running one-node cluster: its client address, its folder and its process (a session of its own)."""
+
+    bootstrap: str  # 127.0.0.1:<port>
+    root: Path
+    process: subprocess.Popen[bytes]
+
+    def stop(self) -> None:
+        stop_group(self.process)
+
+
+def start_broker(root: Path, timeout: float = START_TIMEOUT_S) -> Broker:
+    """Format ``root`` for a new cluster and start its broker on free loopback ports; returns once the broker
+    answers metadata with itself. Fails with the broker's output when it exits or does not come up in time."""
+    port, controller = free_port(), free_port()
+    properties = server_properties(root, port, controller)
+    done = subprocess.run(format_command(properties, cluster_id(str(root))), capture_output=True, text=True,
+                          check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"formatting the Kafka log folder failed: {done.stdout[-2000:]}{done.stderr[-2000:]}")
+    with (root / "broker.out").open("wb") as out:
+        process = subprocess.Popen(broker_command(properties), stdout=out, stderr=subprocess.STDOUT,
+                                   start_new_session=True)
+    broker = Broker(f"127.0.0.1:{port}", root, process)
+    deadline = time.monotonic() + timeout
+    while not _ready(broker):
+        if process.poll() is not None:
+            raise RuntimeError(f"the Kafka broker exited with {process.returncode}: "
+                               f"{(root / 'broker.out').read_text()[-3000:]}")
+        if time.monotonic() > deadline:
+            broker.stop()
+            raise RuntimeError(f"the Kafka broker did not listen on {port} within {timeout:.0f} s")
+        time.sleep(0.2)
+    return broker
+
+
+def _ready(broker: Broker) -> bool:
+    """Listening, and the controller has registered the broker (it then answers metadata with itself)."""
+    if not listening(int(broker.bootstrap.rsplit(":", 1)[1])):
+        return False
+    from confluent_kafka.admin import AdminClient
+
+    try:
+        return bool(AdminClient({"bootstrap.servers": broker.bootstrap}).list_topics(timeout=2).brokers)
+    except Exception:  # not ready yet: the client times out or the broker refuses
+        return False

@@ -145,9 +145,13 @@ def render_status(settings: Settings, state: LakeState | None = None) -> str:
         out += [f"  {stream}: {path}" for stream, path in unreadable]
     waiting = waiting_streams(settings)
     if waiting:
-        out += ["", "windows held open by streams that have received no file yet:"]
-        out += [f"  {pipeline}: {', '.join(names)} (land files in {settings.landing.uri}/<stream>/)"
-                for pipeline, names in waiting.items()]
+        out += ["", "windows held open by streams that have received no file or record yet:"]
+        for pipeline, names in waiting.items():
+            topics = [f"{n} (Kafka topic {spec.source.topic})" for n in names
+                      if (spec := settings.stream(n)).source is not None]
+            folders = [n for n in names if settings.stream(n).source is None]
+            where = [f"{', '.join(folders)} (land files in {settings.landing.uri}/<stream>/)"] if folders else []
+            out.append(f"  {pipeline}: {'; '.join([*where, *topics])}")
     replayed = [(name, r) for name in streams for r in load_state(settings, name).rows if all_late(r)]
     if replayed:
         out += ["", "landing files whose lines were all late (in dlq/<stream>):"]
