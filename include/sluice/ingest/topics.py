@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +99,23 @@ class Topic:
 
 
 def describe(config: Mapping[str, str], topic: str) -> Topic | None:
-    """The topic as the broker has it, or None when it does not exist (yet)."""
+    """The topic as the broker has it, or None when it does not exist (yet). A transient refusal (a partition
+    whose leader is being elected, as just after the topic was made) is asked again, for up to ``TIMEOUT_S``."""
+    from confluent_kafka import KafkaException
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while True:
+        try:
+            return _describe(config, topic)
+        except KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            if not (getattr(error, "retriable", lambda: False)() and time.monotonic() < deadline):
+                raise
+            log.info("Kafka topic %s: %s; asking again", topic, error)
+            time.sleep(0.5)
+
+
+def _describe(config: Mapping[str, str], topic: str) -> Topic | None:
     from confluent_kafka import KafkaException, TopicCollection, TopicPartition
     from confluent_kafka.admin import AdminClient, ConfigResource, OffsetSpec, ResourceType
 
