@@ -343,6 +343,28 @@ def test_the_s3_server_is_the_locked_s3proxy() -> None:
     assert image == f"andrewgaul/s3proxy:{jar.version}", (image, jar.version)
 
 
+def test_the_kafka_broker_is_the_locked_kafka_and_every_airflow_container_reaches_it(compose: dict[str, Any]) -> None:
+    """The `kafka` service runs the Kafka that jars.lock pins for `make platform` and the Kafka tests, in KRaft
+    combined mode on a volume, and every Airflow container's kafka_default connection (the Apache Kafka
+    provider's type) names its PLAINTEXT listener, after the broker is healthy."""
+    from sluice.core.jars import locked
+
+    (broker,) = [j for j in locked(["kafka-broker"]) if j.artifact == "kafka_2.13"]
+    services = _services(compose)
+    kafka = services["kafka"]
+    assert kafka["image"] == f"apache/kafka:{broker.version}", (kafka["image"], broker.version)
+    env = _env(kafka)
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller"
+    assert "PLAINTEXT://kafka:9092" in env["KAFKA_ADVERTISED_LISTENERS"].split(",")
+    volumes = {target: (kind, source) for kind, source, target in _mounts(kafka)}
+    assert volumes[env["KAFKA_LOG_DIRS"]][1] in compose["volumes"], volumes
+    for name in (INIT, *AIRFLOW_COMMANDS):
+        connection = json.loads(_env(services[name])["AIRFLOW_CONN_KAFKA_DEFAULT"])
+        assert connection == TOPOLOGY.kafka_connection("kafka:9092"), (name, connection)
+    for name in AIRFLOW_COMMANDS:
+        assert services[name]["depends_on"]["kafka"]["condition"] == "service_healthy", name
+
+
 def test_spark_defaults_fit_the_topologys_workers() -> None:
     """Each executor fits on a worker, and the cluster holds two sluice applications at once (the two hourly
     DAGs fire together): with spark.cores.max unset the first one would take every core."""
@@ -596,6 +618,8 @@ def test_each_image_fetches_the_s3a_jars_for_a_lake_in_the_bucket(compose: dict[
     sets = {fetches[0][i + 1] for i, token in enumerate(fetches[0]) if token == "--set"}
     assert sets >= {"delta", "s3"}, fetches[0]
     assert locked(["s3"]), "jars.lock has no s3 set"
+    # The containers have kafka_default, so their sessions take Spark's Kafka source (sluice.runtime.spark).
+    assert "kafka" in sets, fetches[0]
 
 
 @pytest.mark.parametrize("name", SLUICE_SERVICES)

@@ -118,7 +118,7 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     assert sorted(running) == sorted(TOPOLOGY.services), running
     # Nothing of it listens beyond loopback (the scheduler's task log server included).
     listening = _listening(platform)
-    assert {platform.port(name) for name in ("postgres", "s3", "api_server", "log_server")} <= \
+    assert {platform.port(name) for name in ("postgres", "s3", "kafka", "api_server", "log_server")} <= \
         {port for _, _, port in listening}, listening
     assert [entry for entry in listening if entry[1] not in ("127.0.0.1", "::1", "::ffff:127.0.0.1")] == []
     log_server = platform.daemon(LOG_SERVER).running()
@@ -136,6 +136,14 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
     # The bucket of the lake and the landing zone.
     s3 = platform.s3_client()
     assert TOPOLOGY.bucket in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+
+    # The Kafka broker that every task finds through kafka_default.
+    from confluent_kafka.admin import AdminClient
+
+    assert AdminClient({"bootstrap.servers": platform.kafka_bootstrap}).list_topics(timeout=30).brokers
+    assert json.loads(platform.env()["AIRFLOW_CONN_KAFKA_DEFAULT"]) == \
+        TOPOLOGY.kafka_connection(platform.kafka_bootstrap)
+    assert platform.kafka_bootstrap in up.stdout
 
     # The master has its workers, one core and 2 GB each, each with a work folder of its own.
     workers = platform.alive_workers()

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.platform.kafka_server import broker_command, cluster_id, format_command, server_properties
 from sluice.platform.processes import LOOPBACK_HOSTNAME, Daemon, PlatformError, free_port, listening, wait_until
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
@@ -79,17 +80,24 @@ class Platform:
         """Ports and secrets: those of the last start, or new ones."""
         if self.state_file.exists():
             self.state = json.loads(self.state_file.read_text())
+            # A platform folder from before a service existed: that service gets its ports now.
+            missing = [n for n in self._port_names() if n.replace("-", "_") not in self.state["ports"]]
+            if missing:
+                self.state["ports"].update({n.replace("-", "_"): free_port() for n in missing})
+                self.state_file.write_text(json.dumps(self.state, indent=2) + "\n")
             return self
-        ports = ["postgres", "s3", "spark_master", "spark_master_ui", "api_server", "log_server",
-                 *(f"{w}_ui" for w in self.topology.worker_names)]
         self.state = {
-            "ports": {name.replace("-", "_"): free_port() for name in ports},
+            "ports": {name.replace("-", "_"): free_port() for name in self._port_names()},
             "secrets": {name: secrets.token_urlsafe(24) for name in ("postgres", "s3", "jwt", "admin")},
         }
         self.root.mkdir(parents=True, exist_ok=True)
         self.state_file.write_text(json.dumps(self.state, indent=2) + "\n")
         self.state_file.chmod(0o600)
         return self
+
+    def _port_names(self) -> list[str]:
+        return ["postgres", "s3", "kafka", "kafka_controller", "spark_master", "spark_master_ui", "api_server",
+                "log_server", *(f"{w}_ui" for w in self.topology.worker_names)]
 
     def port(self, name: str) -> int:
         return int(self.state["ports"][name.replace("-", "_")])
@@ -167,7 +175,13 @@ class Platform:
             "AIRFLOW_CONN_SPARK_DEFAULT": json.dumps({"conn_type": "spark", "host": "spark://127.0.0.1",
                                                       "port": self.port("spark_master"),
                                                       "extra": {"deploy-mode": "client"}}),
+            # Streams that read a topic find the platform's broker through kafka_default (SPEC 2).
+            "AIRFLOW_CONN_KAFKA_DEFAULT": json.dumps(self.topology.kafka_connection(self.kafka_bootstrap)),
         }
+
+    @property
+    def kafka_bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port('kafka')}"
 
     def daemon(self, name: str) -> Daemon:
         return Daemon(self.root, name)
@@ -236,6 +250,20 @@ class Platform:
         if self.topology.bucket not in {b["Name"] for b in client.list_buckets().get("Buckets", [])}:
             client.create_bucket(Bucket=self.topology.bucket)
 
+    def start_kafka(self) -> None:
+        """The broker of ``sluice.platform.kafka_server``, its log folder formatted once (a restart keeps the
+        topics), as a daemon of the platform."""
+        daemon = self.daemon("kafka")
+        if daemon.alive():
+            return
+        folder = self.root / "kafka"
+        folder.mkdir(parents=True, exist_ok=True)
+        properties = server_properties(folder, self.port("kafka"), self.port("kafka_controller"))
+        if not (folder / "logs" / "meta.properties").exists():
+            subprocess.run(format_command(properties, cluster_id(str(folder))), check=True, capture_output=True)
+        daemon.spawn(broker_command(properties), os.environ)
+        wait_until(lambda: listening(self.port("kafka")), daemon, "Kafka broker")
+
     def _spark_daemon(self, name: str, java_class: str, instance: int, *args: str) -> None:
         """``spark-daemon.sh start <class> <instance> <args>`` (the pyspark wheel has no start-master.sh),
         with the pid file and logs in the platform folder."""
@@ -267,13 +295,14 @@ class Platform:
         return self.root / "spark" / "jars"
 
     def install_worker_jars(self) -> None:
-        """The workers' own copy of the pinned jars (``delta`` and ``s3``), laid out as the machine's cache:
+        """The workers' own copy of the pinned jars (``delta``, ``s3`` and ``kafka``: the platform's tasks have
+        kafka_default, so their sessions name Spark's Kafka source too), laid out as the machine's cache:
         hard links where the cache is on the same file system, else copies. Each application's executors
         then start without fetching ~700 MB from their driver."""
         from sluice.core.jars import cache_dir, jar_paths
 
         cache = cache_dir()
-        for source in jar_paths(("delta", "s3")):
+        for source in jar_paths(("delta", "s3", "kafka")):
             target = self.worker_jars / source.relative_to(cache)
             if target.is_file() and target.stat().st_size == source.stat().st_size:
                 continue
@@ -352,6 +381,7 @@ class Platform:
         (self.root / "home").mkdir(exist_ok=True)
         self.start_postgres()
         self.start_s3()
+        self.start_kafka()
         self.start_spark()
         self.start_airflow()
         self.write_env_sh()
@@ -389,6 +419,7 @@ class Platform:
             f"  Spark master    {self.master_url}   UI: {self.master_ui}",
             f"  S3 endpoint     {self.s3_endpoint}   lake {self.topology.lake}, landing {self.topology.landing}",
             f"  PostgreSQL      127.0.0.1:{self.port('postgres')}   database {self.topology.database}",
+            f"  Kafka           {self.kafka_bootstrap}   Airflow connection kafka_default",
             "",
             f"Commands against it (airflow, sluice status, any S3 client): source {env_sh}",
             "Land files with any S3 client, one folder per stream (`sluice pipelines` lists the streams), e.g.:",

@@ -6,6 +6,8 @@ file against this description, so the two cannot drift:
 
 - PostgreSQL, Airflow's metadata database;
 - an S3 server that holds the landing zone and the lake (one bucket, two prefixes);
+- a Kafka broker (KRaft, one node) for streams that read a topic, which every task reaches through the Airflow
+  connection ``kafka_default``;
 - a Spark standalone master and its workers, which share no disk with the drivers;
 - Airflow 3's api-server, scheduler (with ``LocalExecutor``) and dag-processor, sharing one configuration.
 
@@ -59,7 +61,7 @@ class Topology:
     @property
     def services(self) -> list[str]:
         """Every long-running service, in the order they start (and stop in reverse)."""
-        return ["postgres", "s3", "spark-master", *self.worker_names,
+        return ["postgres", "s3", "kafka", "spark-master", *self.worker_names,
                 *(f"airflow-{c}" for c in self.airflow_components)]
 
     def master_options(self) -> str:
@@ -70,6 +72,11 @@ class Topology:
         """``SPARK_WORKER_OPTS`` of each worker: its clean-up of finished applications' folders."""
         return (f"-Dspark.worker.cleanup.enabled=true -Dspark.worker.cleanup.interval={self.worker_cleanup_interval_s}"
                 f" -Dspark.worker.cleanup.appDataTtl={self.app_data_ttl_s}")
+
+    def kafka_connection(self, bootstrap: str) -> dict[str, object]:
+        """The Airflow connection ``kafka_default`` (the Apache Kafka provider's type: the client's properties in
+        its extra) for a broker at ``bootstrap``."""
+        return {"conn_type": "kafka", "extra": {"bootstrap.servers": bootstrap}}
 
     def sluice_settings(self) -> dict[str, str]:
         """Where sluice's tasks find the landing zone and the lake, and the heap their executors ask for: the
