@@ -422,7 +422,7 @@ def _bench_json(out: list[tuple[float, str]]) -> dict[str, Any]:
 CYCLE_RE = {
     "ingest_start": re.compile(r"\bcycle \S+: ingesting "),
     "aggregate_start": re.compile(r"\bcycle \S+: aggregating closed windows"),
-    "ingest": re.compile(r"\bingest (impressions|clicks)\s+batch\s+\d+ (heartbeat)?"),
+    "ingest": re.compile(r"\bingest (\w+)\s+batch\s+\d+ (heartbeat)?"),
     "closed": re.compile(r"\b(\w+): closed window \d{4}-"),
     "catchup_end": re.compile(r"\b\S+: catch-up done"),
     "dq_start": re.compile(r"\bcycle \S+: checking data quality"),
