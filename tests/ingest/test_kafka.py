@@ -252,6 +252,14 @@ def test_offsets_deleted_by_retention_are_counted_alerted_once_and_skipped(
     cycle(spark, settings, "device_temps", datetime.now(UTC))  # nothing new: the same alert, not a second
     assert len([a for a in read_outbox(settings, "device_temps") if a["kind"] == "kafka_offsets_lost"]) == 1
 
+    # Everything new deleted before a cycle read it: a batch of nothing but lost offsets, recorded and alerted.
+    kafka.produce(topic, [reading(i, i) for i in range(20, 25)], partition=0)
+    admin.delete_records([TopicPartition(topic, 0, 25)])[TopicPartition(topic, 0, 25)].result(timeout=60)
+    settings = cycle(spark, settings, "device_temps", datetime.now(UTC))
+    last = load_state(settings, "readings").rows[-1]
+    assert (last.lines, last.accepted, last.lost, last.source_file) == (0, 0, 5, f"kafka://{topic}/0/20-24")
+    assert len([a for a in read_outbox(settings, "device_temps") if a["kind"] == "kafka_offsets_lost"]) == 2
+
 
 def test_a_topic_deleted_and_created_again_stops_the_run(
         spark: SparkSession, kafka: KafkaBroker, tmp_path: Path) -> None:

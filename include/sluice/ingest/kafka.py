@@ -81,10 +81,10 @@ class KafkaIngest(StreamIngest):
         return self.reports
 
     def _pending_records(self, topic: Topic) -> int:
-        """Records the broker holds past the offsets the query last committed (all of them before its first)."""
-        committed = committed_offsets(self.state, self.spec.name, topic.name)
-        start = committed if committed is not None else {}
-        return sum(max(0, end - max(start.get(p, 0), topic.earliest.get(p, 0))) for p, end in topic.latest.items())
+        """Offsets past those the query last committed (from the earliest the broker holds before its first), the
+        ones retention deleted since included: a batch of nothing but lost offsets still records them (``lost``)."""
+        committed = committed_offsets(self.state, self.spec.name, topic.name) or {}
+        return sum(max(0, end - committed.get(p, topic.earliest.get(p, 0))) for p, end in topic.latest.items())
 
     def new_bytes(self) -> int:
         """An estimate of what is new, for the order of the streams' writes (sluice.ingest.run.run_ingest)."""
