@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.core.errors import ConfigError
@@ -229,9 +229,13 @@ class TopicBatches:
     config: Mapping[str, str]
     # Arrival order within a micro-batch, for dedup's "earlier copy": broker time, then partition and offset.
     order: tuple[str, ...] = ("arrival_time", "_partition", "_offset")
+    # The planned ranges per Spark batch, read once from the checkpoint (label, records and lost all need them).
+    _ranges: dict[int, dict[int, tuple[int, int]]] = field(default_factory=dict, repr=False)
 
     def ranges(self, spark_batch_id: int) -> dict[int, tuple[int, int]]:
-        return planned_ranges(self.state, self.stream, self.topic, spark_batch_id)
+        if spark_batch_id not in self._ranges:
+            self._ranges[spark_batch_id] = planned_ranges(self.state, self.stream, self.topic, spark_batch_id)
+        return self._ranges[spark_batch_id]
 
     def label(self, spark_batch_id: int) -> str:
         return range_label(self.topic, self.ranges(spark_batch_id))
