@@ -276,3 +276,78 @@ def same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
 def gold_with_nulls(rows: list[dict[str, Any]]) -> dict[tuple[datetime, datetime, str], tuple[Any, ...]]:
     return {(utc(r["window_start"]), utc(r["window_end"]), r["device_id"]):
             (r["readings"], round(r["avg_temp_c"], 9), r["min_battery"], r["max_temp_c"]) for r in rows}
+
+
+SPEC_EXAMPLE = '''from pyspark.sql import functions as F
+from sluice import Output, Pipeline, Stream, checks
+
+readings = Stream(
+    name="readings",
+    fields={"reading_id": "string", "device_id": "string", "temp_c": "double", "event_time": "timestamp"},
+    id="reading_id",
+    required=["reading_id", "device_id", "event_time"],
+    watermark_delay="2m",
+)
+
+def device_temps(inputs, window):
+    r = inputs["readings"]
+    return (r.where(F.col("temp_c").isNotNull())
+             .groupBy(window.column("event_time"), "device_id")
+             .agg(F.count("*").alias("readings"), F.avg("temp_c").alias("avg_temp_c")))
+
+pipeline = Pipeline(
+    name="device_temps",
+    streams=[readings],
+    window=("15m", "5m"),
+    schedule="*/5 * * * *",
+    outputs=[Output("device_temps", device_temps, key="device_id",
+                    checks=[checks.completeness("readings", stream="readings"),
+                            checks.between("avg_temp_c", -60, 100)])],
+)
+'''
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_a_window_change_after_a_catch_up_gives_the_gold_of_a_fresh_home(spark: SparkSession, tmp_path: Path) -> None:
+    """SPEC 8's pipeline catches up past its last data (an idle heartbeat moved W to 11:28, so every window
+    ending by then is final, most of them empty); a window change must rebuild every window final by then, not
+    only those up to the last one that held rows: the edited pipeline's gold is that of a fresh home."""
+    readings = [{"reading_id": f"r{i}", "device_id": f"d{i % 2}", "temp_c": 20.0 + i,
+                 "event_time": f"2024-05-01T10:{2 * i:02d}:00Z"} for i in range(20)]
+    edited = SPEC_EXAMPLE.replace('F.avg("temp_c").alias("avg_temp_c")',
+                                  'F.avg("temp_c").alias("avg_temp_c"), F.max("temp_c").alias("max_temp_c")'
+                                  ).replace('window=("15m", "5m")', 'window="30m"')
+
+    def home(name: str, source: str) -> Settings:
+        folder = tmp_path / f"{name}-pipelines"
+        folder.mkdir(exist_ok=True)
+        (folder / "device_temps.py").write_text(source)
+        settings = load_settings({"SLUICE_PIPELINES": str(folder)}, home=tmp_path / name)
+        assert settings.registry.errors == []
+        return replace(settings, now_override=at("12:00"))
+
+    def run(settings: Settings) -> None:
+        run_cycle(open_run(settings, spark), "device_temps", deliver_alerts=False)
+
+    def gold_and_ledger(settings: Settings) -> tuple[list[tuple[Any, ...]], list[tuple[datetime, datetime, str]]]:
+        rows = sorted((utc(r["window_start"]), utc(r["window_end"]), r["device_id"], r["readings"],
+                       round(r["avg_temp_c"], 9), r["max_temp_c"]) for r in table(settings, "gold/device_temps"))
+        ledger = sorted((utc(r.window_start), utc(r.window_end), r.definition)
+                        for r in read_ledger(settings, "device_temps"))
+        return rows, ledger
+
+    changed = home("changed", SPEC_EXAMPLE)
+    land(changed, "readings", "r1.jsonl", readings, at("10:45"))
+    run(changed)
+    assert (changed.checkpoints / "pipelines/device_temps/catchup.json").exists()
+    changed = home("changed", edited)
+    plan = plan_pipeline(open_run(changed, spark), changed.pipeline("device_temps"))
+    assert plan.boundary == at("11:28"), plan.render()
+    run(changed)
+    fresh = home("fresh", edited)
+    land(fresh, "readings", "r1.jsonl", readings, at("10:45"))
+    run(fresh)
+    expected = gold_and_ledger(fresh)
+    assert [w[:2] for w in expected[1]] == [(at("10:00"), at("10:30")), (at("10:30"), at("11:00"))]
+    assert gold_and_ledger(changed) == expected

@@ -62,6 +62,8 @@ def closing_boundary(settings: Settings, pipeline: PipelineDef) -> datetime | No
 
 
 CLOSED_THROUGH = "closed_through.json"
+# The batch catch-up's marker (see sluice.streaming.closing).
+CATCHUP = "catchup.json"
 
 
 def pipeline_state(pipeline: str, *parts: str) -> tuple[str, ...]:
@@ -70,10 +72,18 @@ def pipeline_state(pipeline: str, *parts: str) -> tuple[str, ...]:
 
 
 def closed_through(state: LakeState, pipeline: str) -> datetime | None:
-    """The closing boundary up to which gold holds every final window (written by the batch close, the
-    catch-up's first cycle and a rebuild)."""
+    """The closing boundary up to which gold holds every final window: the later of the one the batch close or
+    a rebuild recorded and a finished catch-up's. (A catch-up's first cycle may close nothing after it, when no
+    window ends before W moves again, so its boundary is in its own marker alone; a rebuild that stopped at the
+    last window holding rows would miss the empty windows it made final.)"""
+    marks = []
     marker = state.read_json(*pipeline_state(pipeline, CLOSED_THROUGH))
-    return None if marker is None else datetime.fromisoformat(marker["boundary"])
+    if marker is not None:
+        marks.append(datetime.fromisoformat(marker["boundary"]))
+    catchup = state.read(*pipeline_state(pipeline, CATCHUP))
+    if catchup is not None and (finished := CatchUp.from_json(catchup)).done:
+        marks.append(finished.boundary)
+    return max(marks, default=None)
 
 
 def mark_closed_through(state: LakeState, pipeline: str, boundary: datetime) -> None:

@@ -33,6 +33,7 @@ from sluice.core.windows import Window
 from sluice.ingest.state import load_state
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import (
+    CATCHUP,
     CatchUp,
     batch_inputs,
     closed_through,
@@ -47,8 +48,6 @@ from sluice.streaming.commits import WindowCommits
 from sluice.windows.ledger import WINDOW_LEDGER, next_version
 
 log = logging.getLogger("sluice.aggregate")
-# The catch-up's marker among the pipeline's state objects (see the module docstring).
-CATCHUP = "catchup.json"
 
 
 class BatchClose:
