@@ -76,6 +76,8 @@ SCALING_SIZES = (250_000, 1_000_000, 4_000_000)
 MAIN_STAGES = ("bare_spark", "cycle", "backfill", "noop_cycle", "spark_batch", "duckdb", "empty_cycle", "empty_job")
 # bench/kafka_case.py's stages: the catch-up of a day in a topic, then its increments, each beside the bare job.
 KAFKA_STAGES = ("kafka_cycle", "kafka_bare", "kafka_incr", "kafka_incr_bare")
+# bench/substream_case.py's stages: the same files with and without a watermark per device.
+SUBSTREAM_STAGES = ("substream_cycle", "substream_plain")
 # Steady state (README, "Steady state"): 15-minute increments on homes that already hold a caught-up history.
 STEADY_STAGES = (
     "catchup_cycle", "catchup_bare",  # untimed for the ratios: the day of history, caught up once
@@ -88,7 +90,8 @@ SLUICE_STAGES = ("cycle", "noop_cycle", "empty_cycle", "backfill", "catchup_cycl
                  "catchup_short_hist", "catchup_long_hist", "incr_short_hist", "incr_long_hist")
 STEADY_RESULTS = ("incr_cycle_s", "incr/bare_spark", "history_ratio", "dag_run/bare_submit")  # final-line fields
 # Appended to the final line after STEADY_RESULTS, with their targets (<=) for the report.
-EXTRA_RESULTS = {"empty_cycle/empty_job": 1.0, "dq_history_ratio": 1.1, "kafka_cycle/bare": 1.0, "kafka_incr/bare": 1.0}
+EXTRA_RESULTS = {"empty_cycle/empty_job": 1.0, "dq_history_ratio": 1.1, "kafka_cycle/bare": 1.0, "kafka_incr/bare": 1.0,
+                 "substream_cycle/plain": 1.2}
 INCREMENT_MINUTES = 15
 # The generator lands a file 1-2 min after its slice ends, so "now" = end of the data landed so far + 2 min:
 # every landed file has arrived by then, and no stream is idle (idle_timeout 30 min), so no heartbeat moves a
@@ -1134,7 +1137,7 @@ def machine_info() -> dict[str, Any]:
 
 
 def markdown(results: dict[str, Any]) -> str:
-    main = [s for s in results["summary"] if s["stage"] in (*MAIN_STAGES, *KAFKA_STAGES)]
+    main = [s for s in results["summary"] if s["stage"] in (*MAIN_STAGES, *KAFKA_STAGES, *SUBSTREAM_STAGES)]
     rows = [
         "| stage | events | runs | wall s (median) | min..max | events/s | peak RSS MB | in-process s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -1290,6 +1293,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                         "smoke 5,000)")
     parser.add_argument("--kafka-increments", type=int, help="15-min increments of the Kafka case (default 3; smoke 1)")
     parser.add_argument("--skip-kafka", action="store_true", help="skip the Kafka case (bench/kafka_case.py)")
+    parser.add_argument("--substream-events", type=int, help="readings of the substream case (default 1,000,000; "
+                        "smoke 5,000)")
+    parser.add_argument("--substreams", type=int, help="devices of the substream case (default 100,000; smoke 200)")
+    parser.add_argument("--skip-substreams", action="store_true",
+                        help="skip the substream case (bench/substream_case.py)")
     parser.add_argument("--dag-runs", type=int, default=1,
                         help="scheduled DAG runs (each with one bare spark-submit) in the steady state; 0 = none")
     args = parser.parse_args(argv)
@@ -1306,7 +1314,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     # History: 3 increments per side (the 3rd closes a window on both, so each median is a non-closing one)
     # at 1/16 of the rate keep `make bench` within its 15 minutes on this 2-core VM (README, "How to run").
     for name, default, smoke in (("increments", 8, 1), ("history_increments", 3, 1), ("history_rate_divisor", 16, 1),
-                                 ("kafka_events", 1_000_000, 5_000), ("kafka_increments", 3, 1)):
+                                 ("kafka_events", 1_000_000, 5_000), ("kafka_increments", 3, 1),
+                                 ("substream_events", 1_000_000, 5_000), ("substreams", 100_000, 200)):
         if getattr(args, name) is None:
             setattr(args, name, smoke if args.smoke else default)
     if args.increments < 1 or args.history_increments < 1 or args.history_rate_divisor < 1 or args.dag_runs < 0:
@@ -1364,6 +1373,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             from kafka_case import KafkaCase
 
             KafkaCase(bench, args.kafka_events, args.kafka_increments, parse_sluice).run()
+        if main and not args.skip_substreams:
+            from substream_case import SubstreamCase
+
+            SubstreamCase(bench, args.substream_events, args.substreams, parse_sluice).run()
         sizes: list[int] = []
         if args.scaling:
             sizes = [int(s) for s in args.scaling_sizes.split(",") if s.strip()]
@@ -1382,7 +1395,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         s = summarize(bench.runs, stage, events, lines)
         if s:
             summary.append(s)
-    for stage in KAFKA_STAGES:
+    for stage in (*KAFKA_STAGES, *SUBSTREAM_STAGES):
         kafka_runs = [r for r in bench.runs if r.stage == stage]
         s = summarize(bench.runs, stage, kafka_runs[0].events, kafka_runs[0].events) if kafka_runs else None
         if s:
@@ -1433,6 +1446,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "dag_run/bare_submit": ratio(med("dag_run"), med("bare_submit")),
         "kafka_cycle/bare": ratio(med("kafka_cycle"), med("kafka_bare")),
         "kafka_incr/bare": ratio(med("kafka_incr"), med("kafka_incr_bare")),
+        "substream_cycle/plain": ratio(med("substream_cycle"), med("substream_plain")),
     }
     results = {
         "machine": info,

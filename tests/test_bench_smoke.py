@@ -17,10 +17,10 @@ FINAL = re.compile(
     r"incr/bare_spark=(?P<incr_bare>[0-9.]+) history_ratio=(?P<history>[0-9.]+) "
     r"dag_run/bare_submit=(?P<dag>[0-9.]+) empty_cycle/empty_job=(?P<empty_ratio>[0-9.]+) "
     r"dq_history_ratio=(?P<dq_history>[0-9.]+|nan) kafka_cycle/bare=(?P<kafka>[0-9.]+) "
-    r"kafka_incr/bare=(?P<kafka_incr>[0-9.]+)$"
+    r"kafka_incr/bare=(?P<kafka_incr>[0-9.]+) substream_cycle/plain=(?P<substreams>[0-9.]+)$"
 )
 MAIN_STAGES = {"bare_spark", "cycle", "backfill", "spark_batch", "duckdb", "empty_cycle", "empty_job",
-               "kafka_cycle", "kafka_bare", "kafka_incr", "kafka_incr_bare"}
+               "kafka_cycle", "kafka_bare", "kafka_incr", "kafka_incr_bare", "substream_cycle", "substream_plain"}
 # The day of history of incr_cycle / incr_bare is round 1's cycle and bare_spark, so no catchup_cycle/_bare.
 STEADY_STAGES = {
     "incr_cycle", "incr_bare", "airflow_migrate", "dag_run", "bare_submit",
@@ -86,7 +86,12 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for stage, accepted in (("kafka_cycle", 5_000), ("kafka_incr", 52)):
         (run,) = [r for r in data["runs"] if r["stage"] == stage]
         assert run["details"]["outcomes"]["accepted"] == accepted, (stage, run["details"]["outcomes"])
-    for key in ("kafka_cycle/bare", "kafka_incr/bare"):
+    # The substream case: with a watermark per device every reading is accepted; without, those behind are late.
+    with_keys, plain = (next(r for r in data["runs"] if r["stage"] == s)["details"]["outcomes"]
+                        for s in ("substream_cycle", "substream_plain"))
+    assert (with_keys["accepted"], with_keys["late"]) == (5_000, 0), with_keys
+    assert plain["late"] > 0 and plain["accepted"] + plain["late"] == 5_000, plain
+    for key in ("kafka_cycle/bare", "kafka_incr/bare", "substream_cycle/plain"):
         assert data["ratios"][key] > 0, (key, data["ratios"][key])
     # Every incremental cycle ingested its increment (one landing file per stream).
     for run in (r for r in data["runs"] if r["stage"] in ("incr_cycle", "incr_short_hist", "incr_long_hist")):

@@ -4,6 +4,7 @@ file, so that one broken file names itself and its problem without hiding the ot
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 from sluice import Output, Pipeline, Stream, checks
 from sluice.config import ConfigError, load_settings
 from sluice.core.errors import DefinitionError
+from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import load_registry
 
 REPO = Path(__file__).resolve().parents[1]
@@ -248,3 +250,33 @@ def test_a_scaffolded_pipeline_runs_through_the_cli_with_its_own_test(tmp_path: 
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "1 passed" in run.stdout
+
+
+def test_substreams_are_declared_on_a_field_every_stream_and_output_share() -> None:
+    """SPEC 3: substream= names a field (required from then on), skew_tolerance (default 1h) is at least the
+    watermark delay, every stream of a pipeline declares the same field or none, and every output is keyed by it."""
+    fields = {"s_id": "string", "device_id": "string", "event_time": "timestamp"}
+    keyed = stream(fields=fields, substream="device_id", skew_tolerance="3h", watermark_delay="2m")
+    assert keyed.required == ("s_id", "event_time", "device_id") and keyed.skew_tolerance == timedelta(hours=3)
+    assert stream(fields=fields, substream="device_id").skew_tolerance == timedelta(hours=1)
+    spec = StreamSpec.from_stream(keyed)
+    assert (spec.substream, spec.skew_tolerance, "device_id" in spec.required) == (
+        "device_id", timedelta(hours=3), True)
+    for overrides, message in (
+        ({"substream": "ghost"}, "substream='ghost' must name one of its fields"),
+        ({"substream": "event_time"}, "cannot be the event-time field"),
+        ({"skew_tolerance": "3h"}, "skew_tolerance applies to substreams only"),
+        ({"substream": "device_id", "skew_tolerance": "1m", "watermark_delay": "2m"}, "at least watermark_delay"),
+        ({"substream": "device_id", "skew_tolerance": "later"}, "skew_tolerance: 'later' is not a duration"),
+    ):
+        with pytest.raises(DefinitionError, match=re.escape(message)):
+            stream(fields=fields, **overrides)
+    other = Stream(name="txns", fields={"t_id": "string", "device_id": "string", "event_time": "timestamp"},
+                   id="t_id")
+    with pytest.raises(DefinitionError, match="every stream of a pipeline declares the same substream field"):
+        Pipeline(name="p", streams=[keyed, other], outputs=[Output("o", build, key="device_id")])
+    with pytest.raises(DefinitionError, match=r"output 'o': an output over substreams is keyed by the substream "
+                                              r"field 'device_id'"):
+        Pipeline(name="p", streams=[keyed], outputs=[Output("o", build, key="s_id")])
+    pipeline = Pipeline(name="p", streams=[keyed], outputs=[Output("o", build, key=["device_id", "s_id"])])
+    assert PipelineDef.from_pipeline(pipeline).substream == "device_id"

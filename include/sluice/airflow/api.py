@@ -21,6 +21,7 @@ from sluice.quality.freshness import open_windows
 from sluice.quality.outcomes import LATENESS, NO_NULL_KEYS
 from sluice.quality.site import docs_site
 from sluice.reports.output import COUNTS, rfc3339
+from sluice.reports.substreams import substreams_data, summarize
 from sluice.storage import tables
 from sluice.storage.snapshots import read_small_table
 from sluice.windows.ledger import STATES, Ledger, LedgerRow
@@ -63,6 +64,8 @@ def windows_data(settings: Settings, docs_url: Callable[[str], str], *, limit: i
             "hop_seconds": int(definition.window.slide.total_seconds()),
             "windows": windows[-limit:],
             "omitted": max(0, len(windows) - limit),
+            "substreams": substreams_data([summarize(settings, settings.stream(s)) for s in definition.streams
+                                           if settings.stream(s).substream]),
         })
     return {"now": rfc3339(settings.now()), "states": [*GRID_STATES, *found], "pipelines": pipelines}
 

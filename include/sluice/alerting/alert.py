@@ -48,10 +48,11 @@ CORRECTION = "correction"
 STALE = "stale"
 TASK_FAILURE = "task_failure"
 KAFKA_OFFSETS_LOST = "kafka_offsets_lost"
-KINDS = (DQ_FAILURE, UNREADABLE_FILE, CORRECTION, STALE, TASK_FAILURE, KAFKA_OFFSETS_LOST)
+SILENT_SUBSTREAM = "silent_substream"
+KINDS = (DQ_FAILURE, UNREADABLE_FILE, CORRECTION, STALE, TASK_FAILURE, KAFKA_OFFSETS_LOST, SILENT_SUBSTREAM)
 #: The level of each kind: only notices are informational.
 LEVELS = {DQ_FAILURE: "error", UNREADABLE_FILE: "error", CORRECTION: "info", STALE: "error", TASK_FAILURE: "error",
-          KAFKA_OFFSETS_LOST: "error"}
+          KAFKA_OFFSETS_LOST: "error", SILENT_SUBSTREAM: "error"}
 
 
 @dataclass(frozen=True)
@@ -101,6 +102,15 @@ class Alert:
         failed = [{"expectation": f"{KAFKA_OFFSETS_LOST}:{stream}", "observed_value": f"{lost} offset(s) of {where}"}
                   for stream, where, lost in batches]
         return cls(pipeline, None, None, failed, None, raised_at, KAFKA_OFFSETS_LOST)
+
+    @classmethod
+    def silent_substreams(cls, pipeline: str, silent: Iterable[tuple[str, str, datetime]], raised_at: datetime
+                          ) -> Alert:
+        """``silent``: (stream, substream key, its last arrival) of substreams silent for the stream's
+        ``idle_timeout`` while their stream is live (SPEC 3): a device that stopped sending, or lost its clock."""
+        failed = [{"expectation": f"freshness:{stream}/{key}", "observed_value": f"silent since {_rfc3339(last)}"}
+                  for stream, key, last in silent]
+        return cls(pipeline, None, None, failed, None, raised_at, SILENT_SUBSTREAM)
 
     @classmethod
     def stale(cls, pipeline: str, window: Window, due: datetime,
@@ -156,6 +166,9 @@ class Alert:
         if self.kind == KAFKA_OFFSETS_LOST:
             return (f"sluice: {self.pipeline}: Kafka offsets were deleted by the topic's retention before they were "
                     "read (kafka_offsets_lost)")
+        if self.kind == SILENT_SUBSTREAM:
+            keys = "1 substream has" if count == 1 else f"{count} substreams have"
+            return f"sluice: {self.pipeline}: {keys} been silent past idle_timeout while the stream is live"
         checks = f"{count} check" if count == 1 else f"{count} checks"
         return f"sluice: {self.pipeline} window {self.window_label} failed {checks}"
 
@@ -207,7 +220,7 @@ class Alert:
         heading = {DQ_FAILURE: "Failed expectations", UNREADABLE_FILE: "Files quarantined whole",
                    CORRECTION: "What changed (before -> after)", STALE: "Streams holding it back",
                    TASK_FAILURE: "Failed task", KAFKA_OFFSETS_LOST: "Offsets lost to retention",
-                   }.get(self.kind, "Details")
+                   SILENT_SUBSTREAM: "Silent substreams"}.get(self.kind, "Details")
         body = (
             f"<p>{html.escape(self.message)}</p>"
             f"<p>Pipeline: <b>{html.escape(self.pipeline)}</b>{window}</p>"

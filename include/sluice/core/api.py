@@ -97,6 +97,11 @@ class Stream:
     ``fields`` maps field names to ``string``, ``long``, ``double``, ``boolean`` or ``timestamp``; the
     event-time field (``event_time`` unless ``event_time=`` names another) must be a ``timestamp``.
     ``id`` is the dedup key. ``required`` defaults to the id and the event time.
+
+    ``substream`` names a field whose values have their own watermark (SPEC 3, "Substreams"): producers whose
+    clocks disagree, e.g. ``substream="device_id", skew_tolerance="3h"``. ``skew_tolerance`` (default 1h, at
+    least ``watermark_delay``) is how far behind the stream's newest event time a substream may run and still
+    be on time. The substream field is required (a record without it is quarantined).
     """
 
     name: str
@@ -108,6 +113,8 @@ class Stream:
     idle_timeout: str | timedelta | float = "30m"
     event_time: str = "event_time"
     source: KafkaSource | None = None  # None: the landing folder
+    substream: str | None = None
+    skew_tolerance: str | timedelta | float | None = None
 
     def __post_init__(self) -> None:
         _name("stream", self.name)
@@ -152,13 +159,42 @@ class Stream:
             if must not in required:
                 required.append(must)
         object.__setattr__(self, "fields", fields)
-        object.__setattr__(self, "required", tuple(required))
         for key in ("watermark_delay", "early_tolerance", "idle_timeout"):
             object.__setattr__(self, key, _duration(owner, key, getattr(self, key)))
+        if self.substream is not None:
+            self._check_substream(owner, fields)
+            if self.substream not in required:
+                required.append(self.substream)
+        elif self.skew_tolerance is not None:
+            raise DefinitionError(f"{owner}: skew_tolerance applies to substreams only; name the field whose values "
+                                  "have their own clock with substream=..., or remove skew_tolerance")
+        object.__setattr__(self, "required", tuple(required))
+
+    def _check_substream(self, owner: str, fields: dict[str, str]) -> None:
+        if not isinstance(self.substream, str) or self.substream not in fields:
+            raise DefinitionError(f"{owner}: substream={self.substream!r} must name one of its fields "
+                                  f"({', '.join(fields)}), e.g. substream='device_id'")
+        if self.substream == self.event_time:
+            raise DefinitionError(f"{owner}: the substream field cannot be the event-time field; name the field "
+                                  "that tells the producers apart, e.g. substream='device_id'")
+        if fields[self.substream] not in ("string", "long", "boolean"):
+            raise DefinitionError(f"{owner}: substream field {self.substream!r} has type "
+                                  f"{fields[self.substream]!r}; a substream key must be a string, long or boolean")
+        if "substream" in fields:
+            raise DefinitionError(f"{owner}: field 'substream' clashes with the column the DLQ of a stream with "
+                                  "substreams adds (the key of each late record); rename it")
+        skew = _duration(owner, "skew_tolerance", "1h" if self.skew_tolerance is None else self.skew_tolerance)
+        delay = self.watermark_delay
+        assert isinstance(delay, timedelta)
+        if skew < delay:
+            raise DefinitionError(f"{owner}: skew_tolerance ({self.skew_tolerance}) must be at least watermark_delay "
+                                  f"({delay}): a substream's own watermark already allows that much lateness")
+        object.__setattr__(self, "skew_tolerance", skew)
 
     def _identity(self) -> tuple[Any, ...]:
         return (self.name, tuple(self.fields.items()), self.id, self.required, self.watermark_delay,
-                self.early_tolerance, self.idle_timeout, self.event_time, self.source)
+                self.early_tolerance, self.idle_timeout, self.event_time, self.source, self.substream,
+                self.skew_tolerance)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Stream) and self._identity() == other._identity()
@@ -217,6 +253,25 @@ def _window(owner: str, value: object) -> tuple[timedelta, timedelta | None]:
     raise DefinitionError(f"{owner}: window must be a size such as '1h', or (size, hop) such as ('15m', '5m')")
 
 
+def _check_substreams(owner: str, streams: tuple[Stream, ...], outputs: tuple[Output, ...]) -> None:
+    """SPEC 3: every stream of a pipeline declares the same substream field, or none does; and every output is
+    keyed by it (a window's rows for one key are written on that key's own clock)."""
+    declared = {s.name: s.substream for s in streams}
+    fields = set(declared.values())
+    if len(fields) > 1:
+        listed = ", ".join(f"{n}: {f!r}" for n, f in declared.items())
+        raise DefinitionError(f"{owner}: every stream of a pipeline declares the same substream field, or none "
+                              f"does ({listed}); declare substream={next(f for f in fields if f)!r} on each")
+    field_name = fields.pop()
+    if field_name is None:
+        return
+    for output in outputs:
+        if field_name not in output.keys:
+            raise DefinitionError(f"{owner}, output {output.name!r}: an output over substreams is keyed by the "
+                                  f"substream field {field_name!r} (its rows of a window are written on that "
+                                  f"key's own clock); add it to key= (now {output.key!r})")
+
+
 @dataclass(frozen=True)
 class Pipeline:
     """A pipeline: the streams it reads, its window, its schedule and its outputs.
@@ -263,6 +318,7 @@ class Pipeline:
         for output in outputs:
             for check in output.checks:
                 check.validate(owner=f"{owner}, output {output.name!r}", streams={s.name: s for s in streams})
+        _check_substreams(owner, streams, outputs)
         size, hop = _window(owner, self.window)
         if size <= timedelta(0) or (hop is not None and hop <= timedelta(0)):
             raise DefinitionError(f"{owner}: window size and hop must be > 0")

@@ -39,6 +39,10 @@ class StreamSpec:
     types: Mapping[str, str] = field(default_factory=dict)  # internal field -> string|long|double|boolean|timestamp
     time_field: str = EVENT_TIME  # the event-time key in the records (and in the build function's inputs)
     source: KafkaSource | None = None  # a Kafka topic, or None: the landing folder
+    # SPEC 3, "Substreams": the field whose values have their own watermark, and how far behind the stream's
+    # newest event time a substream may run (the floor F = max event time - skew_tolerance).
+    substream: str | None = None
+    skew_tolerance: timedelta | None = None
 
     @property
     def fields(self) -> tuple[str, ...]:
@@ -70,6 +74,8 @@ class StreamSpec:
             types={internal(f): t for f, t in stream.fields.items()},
             time_field=stream.event_time,
             source=stream.source,
+            substream=stream.substream,
+            skew_tolerance=stream.skew_tolerance,  # type: ignore[arg-type]  # parsed by Stream
         )
 
 
@@ -117,6 +123,8 @@ class PipelineDef:
     max_corrections_per_run: int = 24
     # A window still open at end + lateness_bound + freshness_grace raises one ``stale`` alert.
     freshness_grace: timedelta = timedelta(hours=1)
+    # The substream field every stream declares (SPEC 3), or None.
+    substream: str | None = None
 
     def output(self, name: str) -> OutputDef:
         for out in self.outputs:
@@ -140,4 +148,5 @@ class PipelineDef:
             corrections=pipeline.corrections,
             correction_max_age=pipeline.max_age,  # type: ignore[arg-type]  # parsed by Pipeline
             freshness_grace=pipeline.freshness_grace,  # type: ignore[arg-type]
+            substream=pipeline.streams[0].substream,
         )

@@ -41,6 +41,7 @@ from sluice.ingest.dedup import duplicate_lines, mark_duplicates, seen_ids
 from sluice.ingest.files import source_key
 from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
+from sluice.ingest.substreams import KEY, accepted_maxima, judge_by_substream
 from sluice.ingest.time_rules import file_watermarks
 from sluice.ingest.topics import TopicBatches
 from sluice.storage import tables
@@ -287,15 +288,18 @@ class MicroBatchIngest:
             .otherwise("accepted")
         )
         # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
-        final = (parsed.join(F.broadcast(files_df), ["source_file", BLOCK_START])
-                 .withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset")))
+        final = parsed.join(F.broadcast(files_df), ["source_file", BLOCK_START])
+        if spec.substream is not None:
+            # Each record's watermark is its substream's E_k (sluice.ingest.substreams), before `_status` reads it.
+            final = judge_by_substream(self.settings, self.engine, spec, final, first_id)
+        final = final.withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset"))
         if self._topic is not None:
             # Each record keeps its own address, and a record has no line number: its value is one document.
             final = final.withColumn("source_file", self._topic.address()).withColumn("_line", F.lit(None).cast("long"))
         late = {seq[p]: c.below_watermark for p, c in per_file.items()}
-        if any(before != prior.watermark for before, _after in marks.values()):
-            # An earlier file of the batch moved the watermark for a later one (a catch-up of several files):
-            # count those files' late records against their own watermark.
+        if spec.substream is not None or any(before != prior.watermark for before, _after in marks.values()):
+            # An earlier file of the batch moved the watermark for a later one (a catch-up of several files), or
+            # each substream has its own: count the files' late records against their own watermarks.
             late = {s: 0 for s in seq.values()}
             late.update({
                 r["_file_seq"]: r["n"]
@@ -324,7 +328,12 @@ class MicroBatchIngest:
                 skipped=counts.skipped,
                 lost=lost,
             ))
-        self._commit(final, rows, first_id, last_id)
+        if spec.substream is not None:
+            final = final.persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            self._commit(final, rows, first_id, last_id)
+        finally:
+            final.unpersist()
 
     def _lost(self, spark_batch_id: int, per_file: dict[str, FileCounts]) -> int:
         """How many of a Kafka micro-batch's planned offsets retention deleted before it read them (0 for files)."""
@@ -390,6 +399,8 @@ class MicroBatchIngest:
         b64 = F.regexp_replace(F.base64(F.col("raw").cast("binary")), r"\s", "")
         raw = F.when(F.col("reason") == "bad_encoding", b64).otherwise(F.col("raw"))
         totals = {k: sum(getattr(r, k) for r in rows) for k in ("accepted", "quarantined", "late")}
+        # A late record of a substream keeps its key beside the E_k it missed (SPEC 3).
+        keyed = [F.col(KEY).alias("substream")] if spec.substream is not None else []
         # A few rejected lines (the usual share is about 1%): one Spark job collects both kinds and the driver
         # writes them, instead of a Parquet write job per table. Not when a late record may hold a timestamp
         # that Python cannot (before year 1): only its event time is bounded, by EARLIEST_EVENT_TIME.
@@ -409,7 +420,7 @@ class MicroBatchIngest:
                 quarantined.filter(malformed).withColumn("detail", explain(F.col("raw")))
             ).coalesce(1).sortWithinPartitions("ingest_batch_id", "line_number")
             late = final.filter(F.col("_status") == "late").select(
-                *payload, F.col("_wm_before").alias("watermark"), *lineage, "raw"
+                *payload, F.col("_wm_before").alias("watermark"), *keyed, *lineage, "raw"
             ).coalesce(1).sortWithinPartitions("ingest_batch_id", spec.id_field)
             writes += [(self.quarantine, quarantined, totals["quarantined"]), (self.dlq, late, totals["late"])]
         for table, frame, n in writes:
@@ -422,12 +433,18 @@ class MicroBatchIngest:
             is_late = F.col("_status") == "late"
             late_payload = [F.when(is_late, F.col(f"_v_{f}" if f != EVENT_TIME else f)).alias(f) for f in spec.fields]
             side = final.filter(F.col("_status").isin("quarantined", "late")).select(
-                *late_payload, F.when(is_late, F.col("_wm_before")).alias("watermark"), *lineage, raw.alias("raw"),
+                *late_payload, F.when(is_late, F.col("_wm_before")).alias("watermark"), *keyed, *lineage,
+                raw.alias("raw"),
                 # Prefixed: a stream may have fields of these names.
                 F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"),
                 F.col("_line").alias("_q_line"), "_status",
             )
             self._write_rows_on_driver(side.collect(), appid, last_id, meta)
+        if spec.substream is not None and totals["accepted"]:
+            # After bronze: the state of the batches to come (a replay of this group reads the rows before it).
+            self.engine.append(accepted_maxima(final.filter(F.col("_status") == "accepted"), last_id),
+                               tables.substreams(spec).path(self.settings), app_id=appid, version=last_id,
+                               metadata=meta)
         for row in rows:
             self._report(row)
 

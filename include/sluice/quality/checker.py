@@ -272,9 +272,12 @@ class QualityChecker:
     def _freshness(self) -> None:
         """Record a ``stale`` alert when the oldest open window is past end + bound + freshness_grace
         (:mod:`sluice.quality.freshness`); delivered with the step's other alerts."""
-        from sluice.quality.freshness import stale_alerts
+        from sluice.quality.freshness import silent_substream_alert, stale_alerts
 
         alerts = stale_alerts(self.settings, self.pipeline)
+        silent = silent_substream_alert(self.settings, self.pipeline)
+        if silent is not None:
+            alerts.append(silent)
         if alerts:
             from sluice.alerting.outbox import record_alerts
 

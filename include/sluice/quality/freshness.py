@@ -35,6 +35,7 @@ pipeline's previous one. Pure metadata (ops rows, the outbox, one event hour of 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING
 
@@ -180,6 +181,41 @@ def stale_alerts(settings: Settings, pipeline: PipelineDef) -> list[Alert]:
     if previous and now - max(_utc(t) for t in previous) < pipeline.freshness_grace:
         return []
     return [Alert.stale(pipeline.name, window, due, holding, now, docs_url=settings.docs_url())]
+
+
+#: At most this many silent substreams are named per alert (the rest in the next cycles' alerts).
+SILENT_PER_ALERT = 50
+
+
+def silent_substream_alert(settings: Settings, pipeline: PipelineDef) -> Alert | None:
+    """One ``silent_substream`` alert naming the substreams of the pipeline's streams that have sent nothing for
+    their stream's ``idle_timeout`` while the stream itself is live (it received something within it), each
+    once per silence (a substream named since its last arrival is not named again); None when there are none."""
+    from sluice.alerting.alert import SILENT_SUBSTREAM, Alert
+    from sluice.alerting.outbox import _named_in_outbox
+    from sluice.ingest.state import load_state
+    from sluice.ingest.substreams import substream_maxima
+
+    now = settings.now()
+    silent: list[tuple[str, str, datetime]] = []
+    for stream in pipeline.streams:
+        spec = settings.stream(stream)
+        last = load_state(settings, stream).last_arrival
+        if spec.substream is None or last is None or now - _utc(last) >= spec.idle_timeout:
+            continue
+        maxima = substream_maxima(settings, spec)
+        if maxima is None:
+            continue
+        cutoff = pa.scalar(now - spec.idle_timeout, pa.timestamp("us", "UTC"))
+        quiet = maxima.filter(pc.field("max_arrival_time") <= cutoff).sort_by(
+            [("max_arrival_time", "ascending"), ("substream", "ascending")])
+        silent += [(stream, r["substream"], _utc(r["max_arrival_time"])) for r in quiet.to_pylist()]
+    if not silent:
+        return None
+    alert = Alert.silent_substreams(pipeline.name, silent, now)
+    named = _named_in_outbox(settings, pipeline.name, SILENT_SUBSTREAM)
+    fresh = [i for i in alert.failed if (i["expectation"], i["observed_value"]) not in named][:SILENT_PER_ALERT]
+    return replace(alert, failed=fresh) if fresh else None
 
 
 def earliest_event_time(settings: Settings, streams: Sequence[str]) -> datetime | None:

@@ -24,6 +24,7 @@ from sluice.ingest.files import source_key
 from sluice.ingest.state import load_state
 from sluice.ingest.time_rules import all_late, all_late_message
 from sluice.reports.output import rfc3339, stream_totals, window
+from sluice.reports.substreams import render_substreams, substreams_data, summaries
 from sluice.storage import snapshots, tables
 from sluice.storage.state import LakeState
 from sluice.windows.ledger import WINDOW_LEDGER, Ledger, LedgerRow, parse_gold_versions, split_detail
@@ -135,6 +136,7 @@ def render_status(settings: Settings, state: LakeState | None = None) -> str:
         "windows (ops/window_ledger):",
         ledger_summary(settings),
     ]
+    out += render_substreams(summaries(settings))
     topics = kafka_warnings(settings, state)
     if topics:
         out += ["", "warnings:", *(f"  {w}" for w in topics)]
@@ -215,6 +217,7 @@ def status_data(settings: Settings, state: LakeState | None = None) -> dict[str,
         "pipelines_path": str(settings.registry.path),
         "warnings": home_warnings(settings) + kafka_warnings(settings, state),
         "streams": stream_totals(settings, streams),
+        "substreams": substreams_data(summaries(settings)),
         "pipelines": [
             {**p, "closed_up_to": rfc3339(p["closed_up_to"]), "oldest_open": rfc3339(p["oldest_open"])}
             for p in pipeline_windows(settings)

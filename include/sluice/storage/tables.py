@@ -104,15 +104,32 @@ def quarantine(spec: StreamSpec) -> TableDef:
 
 
 def dlq(spec: StreamSpec) -> TableDef:
+    # A stream with substreams (SPEC 3): `watermark` is the E_k the record missed, `substream` its key as text.
+    keyed = _fields(("substream", StringType())) if spec.substream else []
     schema = StructType(
         [
             *payload_fields(spec),
             *_fields(("watermark", TimestampType())),
+            *keyed,
             *_LINEAGE,
             *_fields(("raw", StringType())),
         ]
     )
     return TableDef(f"dlq/{spec.name}", schema)
+
+
+def substreams(spec: StreamSpec) -> TableDef:
+    """A stream's substream watermarks (SPEC 3): per ingest batch, the largest accepted event time of each
+    substream that batch accepted records of. Append-only, one commit per batch group (the same app transaction
+    as its bronze rows), so the state a batch was judged by is the rows of earlier batches, after a crash too.
+    ``W_k`` is the max per key minus ``watermark_delay``; the key is kept as text."""
+    schema = StructType(_fields(
+        ("substream", StringType()),
+        ("max_event_time", TimestampType()),
+        ("max_arrival_time", TimestampType()),
+        ("ingest_batch_id", LongType()),
+    ))
+    return TableDef(f"substreams/{spec.name}", schema)
 
 
 INGEST_BATCHES = TableDef(
@@ -153,7 +170,7 @@ QUARANTINE_REASONS = (
 
 
 def stream_tables(spec: StreamSpec) -> list[TableDef]:
-    return [bronze(spec), quarantine(spec), dlq(spec)]
+    return [bronze(spec), quarantine(spec), dlq(spec), *([substreams(spec)] if spec.substream else [])]
 
 
 def all_ingest_tables(settings: Settings) -> list[TableDef]:
@@ -235,10 +252,11 @@ def table_properties(settings: Settings) -> dict[str, str]:
 
 
 def ensure_stream_tables(engine: DeltaEngine, settings: Settings, spec: StreamSpec) -> None:
-    """A stream's tables (bronze, quarantine, dlq and ops/ingest_batches): made by ingest before its first write,
-    so that a cycle with nothing to write creates none (and starts no JVM: delta-spark creates the tables Spark
-    writes), and by a Spark reader of a stream that never received a file (a backfill over it reads nothing)."""
-    for table in (INGEST_BATCHES, bronze(spec), quarantine(spec), dlq(spec)):
+    """A stream's tables (bronze, quarantine, dlq, its substreams' if any, and ops/ingest_batches): made by
+    ingest before its first write, so that a cycle with nothing to write creates none (and starts no JVM:
+    delta-spark creates the tables Spark writes), and by a Spark reader of a stream that never received a file (a
+    backfill over it reads nothing)."""
+    for table in (INGEST_BATCHES, *stream_tables(spec)):
         engine.ensure_table(table.path(settings), table.schema, table.partition_by)
 
 

@@ -37,10 +37,21 @@ from sluice.storage.state import LakeState
 log = logging.getLogger("sluice.aggregate")
 
 
+def stream_floor(settings: Settings, stream: str) -> datetime | None:
+    """What closes a stream's windows as a whole: its watermark ``W``, or for a stream with substreams (SPEC 3) its
+    floor ``F = W + watermark_delay - skew_tolerance`` (the largest event time minus ``skew_tolerance``), below
+    which no substream, known or new, can add a record."""
+    watermark = load_state(settings, stream).watermark
+    spec = settings.stream(stream)
+    if watermark is None or spec.substream is None or spec.skew_tolerance is None:
+        return watermark
+    return watermark + spec.watermark_delay - spec.skew_tolerance
+
+
 def pipeline_watermark(settings: Settings, pipeline: PipelineDef) -> datetime | None:
-    """The pipeline's event-time watermark: the minimum of its streams' stored watermarks (None until
-    every stream has one)."""
-    marks = [load_state(settings, s).watermark for s in pipeline.streams]
+    """The pipeline's event-time watermark: the minimum of its streams' stored watermarks, each stream's floor
+    when it has substreams (None until every stream has one)."""
+    marks = [stream_floor(settings, s) for s in pipeline.streams]
     if any(m is None for m in marks):
         return None
     return min(m for m in marks if m is not None)
@@ -115,7 +126,9 @@ def prepare_input(spec: StreamSpec, df: DataFrame) -> DataFrame:
     columns = [F.col(f).alias(spec.json_name(f)) if f == EVENT_TIME else F.col(f) for f in spec.fields]
     rows = df.filter(~F.col("is_heartbeat")).select(*columns) if "is_heartbeat" in df.columns else df.select(*columns)
     if rows.isStreaming:
-        return rows.withWatermark(spec.time_field, spark_delay(spec.watermark_delay)).dropDuplicatesWithinWatermark(
+        # A stream with substreams accepts records down to its floor (SPEC 3), skew_tolerance behind its newest.
+        delay = spec.skew_tolerance if spec.substream is not None and spec.skew_tolerance else spec.watermark_delay
+        return rows.withWatermark(spec.time_field, spark_delay(delay)).dropDuplicatesWithinWatermark(
             [spec.id_field]
         )
     return rows.dropDuplicates([spec.id_field])

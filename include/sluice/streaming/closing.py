@@ -21,16 +21,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from pyspark import StorageLevel
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from sluice.core.model import OutputDef, PipelineDef
 from sluice.core.spark import local_frame
 from sluice.core.windows import Window
 from sluice.ingest.state import load_state
+from sluice.ingest.substreams import KEY, minus, stored_maxima
 from sluice.runtime.context import RunContext
 from sluice.streaming.batch import (
     CATCHUP,
@@ -43,6 +44,7 @@ from sluice.streaming.batch import (
     mark_closed_through,
     pipeline_state,
     pipeline_watermark,
+    stream_floor,
 )
 from sluice.streaming.commits import WindowCommits
 from sluice.windows.ledger import WINDOW_LEDGER, next_version
@@ -90,6 +92,8 @@ class BatchClose:
 
     def may_close(self) -> bool:
         """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
+        if self.pipeline.substream is not None:
+            return True  # each key's rows go to gold on its own clock, in any cycle
         marker = self.state.read(*pipeline_state(self.pipeline.name, CATCHUP))
         if marker is not None and not CatchUp.from_json(marker).done:
             return True
@@ -188,6 +192,83 @@ class BatchClose:
                  "wrote, in %.1fs", pipeline.name, boundary.isoformat(), watermark.isoformat() if watermark else "-",
                  len(self.result.windows) - closed_before, time.monotonic() - started)
 
+    # -- substreams (SPEC 3): each key's rows on its own clock -------------------------------------------
+    def _clocks(self) -> DataFrame:
+        """Per substream key (``_substream``, as text): ``_e_k``, the smallest over the pipeline's streams of
+        ``E_k = max(W_k, F)`` (a stream that never saw the key gives its floor ``F``)."""
+        clocks = None
+        floors = []
+        for stream in self.pipeline.streams:
+            spec = self.settings.stream(stream)
+            floor = stream_floor(self.settings, stream)
+            assert floor is not None and spec.skew_tolerance is not None
+            floors.append(floor)
+            mark = F.greatest(minus(F.col("_k_stored_max"), spec.watermark_delay), F.lit(floor))
+            own = stored_maxima(self.settings, self.engine, spec).select(KEY, mark.alias(f"_e_{len(floors)}"))
+            clocks = own if clocks is None else clocks.join(own, KEY, "full_outer")
+        assert clocks is not None
+        marks = [F.coalesce(F.col(f"_e_{i}"), F.lit(f)) for i, f in enumerate(floors, 1)]
+        return clocks.select(KEY, (F.least(*marks) if len(marks) > 1 else marks[0]).alias("_e_k"))
+
+    def close_by_key(self, after: datetime | None) -> None:
+        """A pipeline over substreams (SPEC 3), in batch from bronze each cycle: the rows of window w for key k go
+        to gold once ``E_k >= end(w) + lateness_bound``; the window as a whole closes (ledger, data quality) once
+        the floor ``F`` passes it, when every key's rows of it are in gold (``E_k >= F`` for every key, and a key
+        never seen has only ``F``). Reads the bronze rows that can reach a window not closed as a whole."""
+        pipeline, settings = self.pipeline, self.settings
+        floor = pipeline_watermark(settings, pipeline)
+        if floor is None:
+            return
+        bound = pipeline.lateness_bound
+        boundary = floor - bound
+        started = time.monotonic()
+        newest = max(w + settings.stream(s).watermark_delay for s in pipeline.streams
+                     if (w := load_state(settings, s).watermark) is not None)
+        lo = after - pipeline.window.size - bound if after is not None else None
+        inputs = batch_inputs(settings, self.engine, pipeline, lo, newest + bound + timedelta(microseconds=1))
+        clocks = self._clocks()
+        field_name = pipeline.substream
+        assert field_name is not None
+        closed_before = len(self.result.windows)
+        totals: dict[Window, int] = {}
+        for output in pipeline.outputs:
+            rows = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
+            if after is not None:
+                rows = rows.filter(F.col("window_end") > F.lit(after))
+            rows = (rows.join(clocks, F.col(field_name).cast("string") == F.col(KEY), "left")
+                    .filter(F.col("window_end") <= minus(F.coalesce(F.col("_e_k"), F.lit(floor)), bound))
+                    .drop(KEY, "_e_k"))
+            # Rows an earlier cycle wrote on their key's clock.
+            written = self.engine.read(output.path(settings)).select("window_start", "window_end", *output.keys)
+            if after is not None:
+                written = written.filter(F.col("window_end") > F.lit(after))
+            rows = rows.join(written, ["window_start", "window_end", *output.keys], "left_anti")
+            rows = rows.coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys).persist(
+                StorageLevel.MEMORY_AND_DISK)
+            try:
+                app = f"sluice.close.{output.name}"
+                meta = {"pipeline": pipeline.name, "output": output.name, "substreams": True, "floor": floor}
+                self.commits.write_rows(output, rows, meta, floor, app,
+                                        next_version(self.engine, output.path(settings), app), windows_key="windows")
+            finally:
+                rows.unpersist()
+            for window, n in gold_windows(settings, output, after=after, until=boundary).items():
+                totals[window] = totals.get(window, 0) + n
+        # The windows the floor closed: recorded once for all outputs (a rerun after a crash finds them recorded).
+        known = set(self.ledger.windows())
+        closing = {w: n for w, n in totals.items() if w not in known}
+        if closing:
+            app = f"sluice.ledger.close.{pipeline.name}"
+            self.commits.record_closed(pipeline.outputs[0], closing, floor, app_id=app,
+                                       version=next_version(self.engine, WINDOW_LEDGER.path(settings), app))
+            for output in pipeline.outputs:
+                self.result.closed[output.name].extend(sorted(closing))
+        if after is None or boundary > after:
+            self._mark_closed_through(boundary)
+        log.info("%s: substreams: gold holds each key's rows up to its own watermark; %d window(s) closed up to "
+                 "the floor %s, in %.1fs", pipeline.name, len(self.result.windows) - closed_before,
+                 boundary.isoformat(), time.monotonic() - started)
+
     # -- batch catch-up (see the module docstring) ----------------------------------------------------
     def catch_up(self) -> CatchUp | None:
         """Run (or finish) the pipeline's batch catch-up if one is due; return the one in effect."""
@@ -209,7 +290,8 @@ class BatchClose:
 
     def _plan_catch_up(self) -> CatchUp | None:
         minimum = self.settings.catchup_min_windows
-        if minimum <= 0 or any(self._started(o) for o in self.pipeline.outputs) or self.closed_through() is not None:
+        if (minimum <= 0 or self.pipeline.substream is not None or self.closed_through() is not None
+                or any(self._started(o) for o in self.pipeline.outputs)):
             return None
         watermark = pipeline_watermark(self.settings, self.pipeline)
         if watermark is None:

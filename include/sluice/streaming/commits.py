@@ -62,15 +62,10 @@ class WindowCommits:
     ) -> None:
         """Append closed windows to gold in one commit and record them in the ledger (both idempotent per
         (app_id, version)); ``before_ledger`` runs between the two (the streaming sinks' turn, see Turnstile)."""
-        counts = {
-            (collected_utc(r["window_start"]), collected_utc(r["window_end"])): int(r["n"])
-            for r in rows.groupBy("window_start", "window_end").agg(F.count(F.lit(1)).alias("n")).collect()
-        }
+        counts = self.write_rows(output, rows, meta, watermark, app_id, version)
         if not counts:
             return
         windows = sorted(counts)
-        meta = {**meta, "watermark": watermark, "closed_windows": [[s.isoformat(), e.isoformat()] for s, e in windows]}
-        self.engine.append(rows, output.path(self.settings), app_id=app_id, version=version, metadata=meta)
         if before_ledger is not None:
             before_ledger()
         self.record_closed(output, counts, watermark, app_id=ledger_app, version=version)
@@ -79,6 +74,20 @@ class WindowCommits:
             log.info("%s: closed window %s..%s (%d rows, watermark %s)", output.name,
                      start.strftime("%Y-%m-%d %H:%M"), end.strftime("%H:%M"), counts[(start, end)],
                      watermark.isoformat() if watermark else "-")
+
+    def write_rows(self, output: OutputDef, rows: DataFrame, meta: dict[str, object], watermark: datetime | None,
+                   app_id: str, version: int, *, windows_key: str = "closed_windows") -> dict[Window, int]:
+        """Append ``rows`` to gold in one commit (idempotent per (app_id, version)); their row counts per window,
+        which the commit's metadata lists under ``windows_key``."""
+        counts = {
+            (collected_utc(r["window_start"]), collected_utc(r["window_end"])): int(r["n"])
+            for r in rows.groupBy("window_start", "window_end").agg(F.count(F.lit(1)).alias("n")).collect()
+        }
+        if counts:
+            meta = {**meta, "watermark": watermark,
+                    windows_key: [[s.isoformat(), e.isoformat()] for s, e in sorted(counts)]}
+            self.engine.append(rows, output.path(self.settings), app_id=app_id, version=version, metadata=meta)
+        return counts
 
     def record_closed(
         self, output: OutputDef, counts: dict[Window, int], watermark: datetime | None, *, app_id: str, version: int

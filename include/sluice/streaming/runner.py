@@ -153,6 +153,10 @@ class PipelineRunner:
             log.info("%s: no window can close before %s receive(s) a first file", self.pipeline.name,
                      ", ".join(streams_without_files(self.settings, self.pipeline)) or "every stream")
             return self.result
+        if self.pipeline.substream is not None:
+            # Each key's rows close on its own clock (SPEC 3): the batch close's per-key rule, every cycle.
+            self.closing.close_by_key(self.closing.closed_through())
+            return self.result
         catchup = self.closing.catch_up()
         closed = self.closing.closed_through()
         boundaries = [b for b in (catchup.boundary if catchup else None, closed) if b is not None]

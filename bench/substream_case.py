@@ -1,0 +1,111 @@
+"""``make bench``'s substream case (issue 55): SPEC 8's pipeline with ``substream="device_id",
+skew_tolerance="3h"`` beside the same pipeline without substreams, on the same landing files, in one run.
+
+The readings: ``--substreams`` devices (default 100,000), each with its own clock offset spread evenly over
+[0, 2 h) behind true time, 6 hours of true time in 24 files of 15 minutes each (arriving at the end of their
+quarter). Without substreams, the devices behind go to the DLQ once the watermark passes them; with them, every
+reading is accepted and each device's windows close on its own clock. Stages, each from a fresh home:
+
+* ``substream_cycle``: the 24 files, one cycle, with substreams;
+* ``substream_plain``: the same files and cycle without them.
+
+Ratio ``substream_cycle/plain`` (target 1.2): what a watermark per key costs over the same data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+PIPELINE = "device_temps"
+FILES = 24
+QUARTER = timedelta(minutes=15)
+SKEW = timedelta(hours=2)
+PIPELINE_FILE = '''from pyspark.sql import functions as F
+
+from sluice import Output, Pipeline, Stream, checks
+
+readings = Stream(
+    name="readings",
+    fields={{"reading_id": "string", "device_id": "string", "temp_c": "double", "event_time": "timestamp"}},
+    id="reading_id",
+    required=["reading_id", "device_id", "event_time"],
+    watermark_delay="2m",{substream}
+)
+
+
+def device_temps(inputs, window):
+    r = inputs["readings"]
+    return (r.where(F.col("temp_c").isNotNull())
+             .groupBy(window.column("event_time"), "device_id")
+             .agg(F.count("*").alias("readings"), F.avg("temp_c").alias("avg_temp_c")))
+
+
+pipeline = Pipeline(
+    name="device_temps",
+    streams=[readings],
+    window=("15m", "5m"),
+    outputs=[Output("device_temps", device_temps, key="device_id",
+                    checks=[checks.completeness("readings", stream="readings"),
+                            checks.between("avg_temp_c", -60, 100)])],
+)
+'''
+SUBSTREAM = '\n    substream="device_id",\n    skew_tolerance="3h",'
+
+
+def write_files(landing: Path, events: int, devices: int, start: datetime) -> None:
+    """``events`` readings over ``FILES`` quarter-hour files; device ``d`` runs ``SKEW * d / devices`` behind."""
+    folder = landing / "readings"
+    folder.mkdir(parents=True)
+    per_file = events // FILES
+    step = QUARTER / per_file
+    n = 0
+    for f in range(FILES):
+        begin = start + QUARTER * f
+        lines = []
+        for i in range(per_file):
+            device = n % devices
+            true_time = begin + step * i
+            event_time = true_time - SKEW * device / devices
+            lines.append(json.dumps({"reading_id": f"r{n}", "device_id": f"d{device}", "temp_c": 15.0 + n % 200 / 10,
+                                     "event_time": event_time.strftime("%Y-%m-%dT%H:%M:%S.%fZ")}))
+            n += 1
+        path = folder / f"readings-{f:02d}.jsonl"
+        path.write_text("\n".join(lines) + "\n")
+        arrival = (begin + QUARTER).timestamp()
+        os.utime(path, (arrival, arrival))
+
+
+class SubstreamCase:
+    """Runs the substream stages on a :class:`run.Bench` (its ``record``, environment and Spark settings)."""
+
+    def __init__(self, bench: Any, events: int, devices: int, parse_sluice: Any) -> None:
+        self.bench = bench
+        self.events = events
+        self.devices = devices
+        self.parse_sluice = parse_sluice
+        self.root = bench.work / "substreams"
+
+    def run(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.root.mkdir(parents=True)
+        start = datetime(2024, 5, 1, tzinfo=UTC)
+        landing = self.root / "landing"
+        write_files(landing, self.events, self.devices, start)
+        print(f"[bench] substreams: {self.events:,} readings of {self.devices:,} devices in {FILES} files",
+              file=sys.stderr, flush=True)
+        now = (start + QUARTER * (FILES + 1)).isoformat()
+        for stage, declared in (("substream_plain", ""), ("substream_cycle", SUBSTREAM)):
+            pipelines = self.root / f"{stage}-pipelines"
+            pipelines.mkdir()
+            (pipelines / "device_temps.py").write_text(PIPELINE_FILE.format(substream=declared))
+            home = self.root / stage
+            env = {**self.bench.env, "SLUICE_HOME": str(home), "SLUICE_PIPELINES": str(pipelines),
+                   "SLUICE_LANDING": str(landing), "SLUICE_NOW": now}
+            self.bench.record(stage, self.events, 0, [*self.bench.sluice, "run", PIPELINE, "--now", now], env=env,
+                              parser=self.parse_sluice)

@@ -1,0 +1,98 @@
+"""Lateness per substream (SPEC 3, "Substreams"): a watermark per key, for producers whose clocks disagree.
+
+For a record of substream ``k`` in a landing file (or Kafka micro-batch) ``s``:
+
+- ``W_k`` is the largest event time of ``k``'s records accepted in earlier micro-batches, minus
+  ``watermark_delay``: those of earlier batch groups from ``substreams/<stream>`` (rows of batches before this
+  group only, so a group replayed after a crash is judged by the same state), and those of the group's own
+  earlier files by a running maximum per key in file order;
+- ``F`` is the stream's floor before ``s``: its watermark before ``s`` (largest event time minus
+  ``watermark_delay``) plus ``watermark_delay``, minus ``skew_tolerance``;
+- the record is late when its event time is below ``E_k = max(W_k, F)`` (only ``F`` for a new key).
+
+The running maximum takes every valid, non-duplicate record of ``k``, late ones too. That gives the same ``E_k``
+as accepted records alone: a late record above ``k``'s maximum was late by ``F`` alone, so the ``W_k`` it makes
+stays below ``F``, which never goes down. The state stored for later groups is of accepted records alone.
+
+Everything is joins and one window per key over the group's own records: no per-key loop on the driver, and a
+key that sent nothing costs nothing but its row in the state table.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pyarrow as pa
+from pyspark.sql import Column, DataFrame, Window
+from pyspark.sql import functions as F
+
+from sluice.config import Settings
+from sluice.core.model import StreamSpec
+from sluice.storage import snapshots, tables
+from sluice.storage.engine import DeltaEngine
+
+# The key of a record as text, in the frames of a micro-batch.
+KEY = "_substream"
+
+
+def minus(column: Column, delta: timedelta) -> Column:
+    return column - F.expr(f"INTERVAL {delta // timedelta(microseconds=1)} MICROSECONDS")
+
+
+def key_of(spec: StreamSpec) -> Column:
+    assert spec.substream is not None
+    return F.col(f"_v_{spec.substream}").cast("string")
+
+
+def judge_by_substream(settings: Settings, engine: DeltaEngine, spec: StreamSpec, final: DataFrame,
+                       first_id: int) -> DataFrame:
+    """``final`` (a micro-batch's lines with their file's ``_file_seq`` and stream watermark ``_wm_before``) with
+    ``_wm_before`` replaced by each record's ``E_k`` and its key in :data:`KEY`."""
+    assert spec.skew_tolerance is not None
+    final = final.withColumn(KEY, key_of(spec))
+    candidates = final.filter(F.col("reason").isNull() & ~F.col("_duplicate"))
+    per_file = candidates.groupBy(KEY, "_file_seq").agg(F.max("event_time").alias("_k_file_max"))
+    earlier_files = Window.partitionBy(KEY).orderBy("_file_seq").rowsBetween(Window.unboundedPreceding, -1)
+    per_file = per_file.withColumn("_k_group_max", F.max("_k_file_max").over(earlier_files))
+    state = stored_maxima(settings, engine, spec, before_batch=first_id)
+    keys = per_file.select(KEY).distinct()
+    known = state.join(keys, KEY, "left_semi")
+    prior = (per_file.join(known, KEY, "left")
+             .select(KEY, "_file_seq", F.greatest("_k_group_max", "_k_stored_max").alias("_k_max")))
+    floor = minus(F.col("_wm_before") + F.expr(
+        f"INTERVAL {spec.watermark_delay // timedelta(microseconds=1)} MICROSECONDS"), spec.skew_tolerance)
+    return (final.join(prior, [KEY, "_file_seq"], "left")
+            .withColumn("_wm_before", F.greatest(minus(F.col("_k_max"), spec.watermark_delay), floor))
+            .drop("_k_max"))
+
+
+def stored_maxima(settings: Settings, engine: DeltaEngine, spec: StreamSpec,
+                  before_batch: int | None = None) -> DataFrame:
+    """Per substream key (:data:`KEY`): the largest accepted event time (``_k_stored_max``) and arrival time
+    (``_k_last_arrival``) of the batches before ``before_batch`` (all when None)."""
+    table = tables.substreams(spec)
+    rows = engine.read(table.path(settings))
+    if before_batch is not None:
+        rows = rows.filter(F.col("ingest_batch_id") < before_batch)
+    return rows.groupBy(F.col("substream").alias(KEY)).agg(
+        F.max("max_event_time").alias("_k_stored_max"), F.max("max_arrival_time").alias("_k_last_arrival"))
+
+
+def accepted_maxima(accepted: DataFrame, last_id: int) -> DataFrame:
+    """The rows a batch group adds to ``substreams/<stream>``: per key of its accepted records, their largest event
+    and arrival times, under the group's last batch id."""
+    return (accepted.groupBy(F.col(KEY).alias("substream"))
+            .agg(F.max("event_time").alias("max_event_time"), F.max("arrival_time").alias("max_arrival_time"))
+            .withColumn("ingest_batch_id", F.lit(last_id).cast("long"))
+            .coalesce(1).sortWithinPartitions("substream"))
+
+
+def substream_maxima(settings: Settings, spec: StreamSpec) -> pa.Table | None:
+    """On the driver, without Spark (status, the ledger page, freshness): one row per substream, ``substream``,
+    ``max_event_time`` and ``max_arrival_time`` (None before the stream's tables exist)."""
+    data = snapshots.dataset(tables.substreams(spec).path(settings))
+    if data is None:
+        return None
+    rows = data.to_table(columns=["substream", "max_event_time", "max_arrival_time"])
+    grouped = rows.group_by("substream").aggregate([("max_event_time", "max"), ("max_arrival_time", "max")])
+    return grouped.rename_columns(["substream", "max_event_time", "max_arrival_time"])
