@@ -14,6 +14,8 @@ the rule accepts, and a backfill of the whole range gives the same gold.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -29,7 +31,8 @@ from sluice.runtime.context import open_run
 from sluice.streaming.backfill import run_backfill
 from sluice.streaming.cycle import run_cycle
 from sluice.windows.ledger import read_ledger
-from support.lake import land, table
+from support.lake import land, table, table_snapshot
+from support.shell import user_shell
 
 SPEC_EXAMPLE = (Path(__file__).parent / "test_changes.py").read_text().split("SPEC_EXAMPLE = '''")[1].split("'''")[0]
 SUBSTREAMS = SPEC_EXAMPLE.replace('watermark_delay="2m",', 'watermark_delay="2m", substream="device_id", '
@@ -182,3 +185,40 @@ def test_a_device_two_hours_behind_is_late_without_substreams_and_on_its_own_clo
     run_backfill(open_run(replace(keyed, now_override=at("16:00")), spark), "device_temps", at("06:45"),
                  at("10:30"), deliver_alerts=False)
     assert gold(keyed) == before
+
+
+# Killed right after round two's bronze commit (its substream state not written yet), after its DLQ commit, and
+# after its substream state commit (its gold not written yet), each in the run that recovers from the one before.
+CRASHES = ("bronze/readings:1", "dlq/readings:1", "substreams/readings:1")
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+def test_sigkill_anywhere_in_a_substream_cycle_then_rerun_equals_an_uninterrupted_one(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Round two lands two files at once (one micro-batch group: d3's running maximum over the group's first file
+    makes its 08:05 reading late in the second); a replay of that group must judge it by the state of the batches
+    before it, whatever was committed when the process died."""
+    homes = {name: home(tmp_path, name, SUBSTREAMS) for name in ("clean", "crash")}
+    for settings in homes.values():
+        name, arrival, records = FILES[0]
+        land(settings, "readings", name, records, arrival)
+        run(spark, settings, RUNS[0])
+        for name, arrival, records in FILES[1:]:
+            land(settings, "readings", name, records, arrival)
+    run(spark, homes["clean"], RUNS[2])
+    crash = homes["crash"]
+    for kill_after in CRASHES:
+        shell = {**user_shell(), "SLUICE_HOME": str(crash.home), "SLUICE_KILL_AFTER_COMMIT": kill_after,
+                 "SLUICE_PIPELINES": str(tmp_path / "crash-pipelines")}
+        command = [sys.executable, "-m", "sluice.cli", "run", "device_temps", "--now", at(RUNS[2]).isoformat()]
+        done = subprocess.run(command, env=shell, capture_output=True, text=True, timeout=600)
+        assert done.returncode == -9, f"no SIGKILL after {kill_after}: exit {done.returncode}, {done.stderr[-3000:]}"
+    run(spark, crash, RUNS[2])
+    clean, crashed = table_snapshot(homes["clean"].home), table_snapshot(crash.home)
+    assert clean.keys() == crashed.keys() and "substreams/readings" in clean
+    for name in clean:
+        assert crashed[name] == clean[name], name
+    held = {r["reading_id"]: utc(r["watermark"]) for r in table(crash, "dlq/readings")}
+    assert held == {"d3-again": at("08:17"), "d4-07:00": at("07:19")}
