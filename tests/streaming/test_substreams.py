@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from sluice.airflow.api import windows_data
 from sluice.config import Settings, load_settings
+from sluice.ingest import substreams
 from sluice.reports.status import render_status, status_data
 from sluice.runtime.context import open_run
 from sluice.streaming.backfill import run_backfill
@@ -104,8 +105,11 @@ def gold(settings: Settings) -> dict[tuple[datetime, datetime, str], tuple[int, 
 @pytest.mark.spark
 @pytest.mark.slow
 def test_a_device_two_hours_behind_is_late_without_substreams_and_on_its_own_clock_with_them(
-    spark: SparkSession, tmp_path: Path
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    # The substream state collapses to one row per key from its second file on: every later group is judged by
+    # collapsed rows and the rows of the group before it.
+    monkeypatch.setattr(substreams, "COMPACT_FILES", 2)
     plain = home(tmp_path, "plain", SPEC_EXAMPLE)
     keyed = home(tmp_path, "keyed", SUBSTREAMS)
     for settings in (plain, keyed):
@@ -125,6 +129,10 @@ def test_a_device_two_hours_behind_is_late_without_substreams_and_on_its_own_clo
     for batch in table(keyed, "ops/ingest_batches"):
         assert batch["lines"] == batch["accepted"] + batch["quarantined"] + batch["late"] + batch["duplicates"]
     accepted = [r for _n, _a, records in FILES for r in records if r["reading_id"] not in held]
+    state = table(keyed, "substreams/readings")
+    assert sorted((r["substream"], utc(r["max_event_time"]), r["ingest_batch_id"]) for r in state) == [
+        ("d1", at("10:19"), 1), ("d1", at("10:29"), 2), ("d2", at("10:19"), 1), ("d2", at("10:29"), 2),
+        ("d3", at("08:19"), 1), ("d3", at("08:29"), 2), ("d5", at("07:30"), 2)]
     assert {r["reading_id"] for r in table(keyed, "bronze/readings") if not r["is_heartbeat"]} == {
         r["reading_id"] for r in accepted}
 

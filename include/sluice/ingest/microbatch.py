@@ -41,7 +41,7 @@ from sluice.ingest.dedup import duplicate_lines, mark_duplicates, seen_ids
 from sluice.ingest.files import source_key
 from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
-from sluice.ingest.substreams import KEY, accepted_maxima, judge_by_substream
+from sluice.ingest.substreams import KEY, judge_by_substream, record_maxima
 from sluice.ingest.time_rules import file_watermarks
 from sluice.ingest.topics import TopicBatches
 from sluice.storage import tables
@@ -442,9 +442,8 @@ class MicroBatchIngest:
             self._write_rows_on_driver(side.collect(), appid, last_id, meta)
         if spec.substream is not None and totals["accepted"]:
             # After bronze: the state of the batches to come (a replay of this group reads the rows before it).
-            self.engine.append(accepted_maxima(final.filter(F.col("_status") == "accepted"), last_id),
-                               tables.substreams(spec).path(self.settings), app_id=appid, version=last_id,
-                               metadata=meta)
+            record_maxima(self.settings, self.engine, spec, final.filter(F.col("_status") == "accepted"), last_id,
+                          appid, meta)
         for row in rows:
             self._report(row)
 

@@ -20,7 +20,9 @@ key that sent nothing costs nothing but its row in the state table.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import timedelta
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql import Column, DataFrame, Window
@@ -28,6 +30,7 @@ from pyspark.sql import functions as F
 
 from sluice.config import Settings
 from sluice.core.model import StreamSpec
+from sluice.core.spark import local_frame
 from sluice.storage import snapshots, tables
 from sluice.storage.engine import DeltaEngine
 
@@ -71,6 +74,9 @@ def stored_maxima(settings: Settings, engine: DeltaEngine, spec: StreamSpec,
     """Per substream key (:data:`KEY`): the largest accepted event time (``_k_stored_max``) and arrival time
     (``_k_last_arrival``) of the batches before ``before_batch`` (all when None)."""
     table = tables.substreams(spec)
+    if not snapshots.exists(table.path(settings)):
+        # The stream's tables are made beside its first batch's parse (StreamIngest.start_tables): no state yet.
+        return local_frame(engine.spark, [], f"{KEY} string, _k_stored_max timestamp, _k_last_arrival timestamp")
     rows = engine.read(table.path(settings))
     if before_batch is not None:
         rows = rows.filter(F.col("ingest_batch_id") < before_batch)
@@ -96,3 +102,28 @@ def substream_maxima(settings: Settings, spec: StreamSpec) -> pa.Table | None:
     rows = data.to_table(columns=["substream", "max_event_time", "max_arrival_time"])
     grouped = rows.group_by("substream").aggregate([("max_event_time", "max"), ("max_arrival_time", "max")])
     return grouped.rename_columns(["substream", "max_event_time", "max_arrival_time"])
+
+
+#: Once the state table has this many files, a batch group's commit collapses it to one row per substream.
+COMPACT_FILES = 32
+
+
+def record_maxima(settings: Settings, engine: DeltaEngine, spec: StreamSpec, accepted: DataFrame, last_id: int,
+                  app_id: str, metadata: Mapping[str, Any]) -> None:
+    """Append a batch group's rows to ``substreams/<stream>`` (app transaction ``(app_id, last_id)``, after its
+    bronze rows), and every :data:`COMPACT_FILES` files collapse the rows of earlier groups to one per substream
+    (the largest times, the latest batch id), so reading the state costs what the number of substreams costs, not
+    the number of batches. The group's own rows stay as they are: a replay of it after a crash reads the rows
+    before its first batch id, which the collapsed rows all are."""
+    path = tables.substreams(spec).path(settings)
+    engine.append(accepted_maxima(accepted, last_id), path, app_id=app_id, version=last_id, metadata=metadata)
+    if len(snapshots.live_files(path)) < COMPACT_FILES:
+        return
+    rows = engine.read(path)
+    earlier = (rows.filter(F.col("ingest_batch_id") != last_id).groupBy("substream")
+               .agg(*(F.max(c).alias(c) for c in ("max_event_time", "max_arrival_time", "ingest_batch_id"))))
+    own = rows.filter(F.col("ingest_batch_id") == last_id)
+    collapsed = earlier.unionByName(own).coalesce(1).sortWithinPartitions("ingest_batch_id", "substream")
+    collapsed = collapsed.localCheckpoint()
+    engine.overwrite(collapsed, path, app_id=f"{app_id}.compact", version=last_id,
+                     metadata={**metadata, "compacted": True})
