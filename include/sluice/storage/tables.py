@@ -120,9 +120,10 @@ def dlq(spec: StreamSpec) -> TableDef:
 
 def substreams(spec: StreamSpec) -> TableDef:
     """A stream's substream watermarks (SPEC 3): per ingest batch, the largest accepted event time of each
-    substream that batch accepted records of. Append-only, one commit per batch group (the same app transaction
-    as its bronze rows), so the state a batch was judged by is the rows of earlier batches, after a crash too.
-    ``W_k`` is the max per key minus ``watermark_delay``; the key is kept as text."""
+    substream that batch accepted records of. One commit per batch group (the same app transaction as its bronze
+    rows), so the state a batch was judged by is the rows of earlier batches, after a crash too; earlier groups'
+    rows are collapsed now and then (sluice.ingest.substreams.record_maxima). ``W_k`` is the max per key minus
+    ``watermark_delay``; the key is kept as text."""
     schema = StructType(_fields(
         ("substream", StringType()),
         ("max_event_time", TimestampType()),
