@@ -23,6 +23,18 @@ Per pipeline (README, "The closing rule"): ``W`` is the minimum of the streams' 
 stream has one); a window ``[s, e)`` is final, and in gold, exactly when ``W >= e + lateness_bound``, for
 every output alike. A final window of an output holds the output's aggregate over the accepted records in
 ``[s, e)`` (ids counted once); a window with no rows has no gold row.
+
+Substreams (SPEC 3, "Substreams"; every stream keyed by ``device_id`` with the same ``skew_tolerance``):
+
+* per stream and key ``k``: ``W_k`` is the largest event time of ``k``'s records accepted in earlier files, minus
+  ``watermark_delay``; the floor ``F`` is the stream's largest event time over earlier files, heartbeats
+  included, minus ``skew_tolerance`` (``W + watermark_delay - skew_tolerance``);
+* a record of ``k`` is late when ``event_time < E_k = max(W_k, F)`` (``F`` alone for a key the stream has not
+  accepted a record of; nothing is late in the stream's first file); its DLQ row holds ``E_k`` and the key;
+* per pipeline: ``E_k`` is the minimum over its streams of each stream's ``E_k`` (a stream that never accepted
+  a record of ``k`` gives its ``F``), and the pipeline's watermark is the minimum of the streams' floors. The
+  gold rows of window ``w`` for key ``k`` are final once ``E_k >= end(w) + lateness_bound``; the window as a
+  whole (its ledger row) once the pipeline's floor is.
 """
 
 from __future__ import annotations
@@ -88,7 +100,9 @@ class Outcome:
     """What the model says happened to one line."""
 
     status: str  # accepted | late | early | duplicate
-    watermark: datetime | None  # the stream's watermark before the line's file
+    watermark: datetime | None  # the stream's watermark before the line's file (with substreams: the key's E_k)
+    floor: datetime | None = None  # with substreams: the stream's floor F before the line's file
+    own: datetime | None = None  # with substreams: the key's own W_k before the line's file (None: a new key)
 
 
 @dataclass
@@ -104,35 +118,63 @@ class StreamModel:
     late: dict[str, datetime] = field(default_factory=dict)  # id -> the watermark it missed
     early: list[str] = field(default_factory=list)
     duplicates: int = 0
-    at_watermark: list[str] = field(default_factory=list)  # accepted with event_time == watermark
+    at_watermark: list[str] = field(default_factory=list)  # accepted with event_time == watermark (E_k)
     heartbeats: list[datetime] = field(default_factory=list)  # those that moved the watermark
+    skew: timedelta | None = None  # substreams (keyed by device): skew_tolerance; None: no substreams
+    key_max: dict[str, datetime] = field(default_factory=dict)  # per key: the largest accepted event time
+    dead: dict[str, Rec] = field(default_factory=dict)  # the late records themselves (their key)
+
+    @property
+    def floor(self) -> datetime | None:
+        """``F``: the largest event time over the files so far (heartbeats included) minus ``skew_tolerance``;
+        without substreams, the watermark itself."""
+        if self.watermark is None or self.skew is None:
+            return self.watermark
+        return self.watermark + self.delay - self.skew
+
+    def mark(self, key: str) -> datetime | None:
+        """The watermark the next file's records of substream ``key`` are judged by: ``E_k = max(W_k, F)``, ``F``
+        for a key never accepted; without substreams, the stream's watermark."""
+        floor = self.floor
+        own = self.key_max.get(key)
+        if self.skew is None or floor is None or own is None:
+            return floor
+        return max(own - self.delay, floor)
 
     def ingest(self, files: Iterable[LandedFile]) -> dict[tuple[str, int], Outcome]:
         """One cycle's files of this stream, in arrival order (mtime, then path). Returns each line's fate,
         keyed by (file name, line index)."""
         fates: dict[tuple[str, int], Outcome] = {}
         for f in sorted(files, key=lambda f: (f.arrival, f.name)):
-            before = self.watermark
+            floor = self.floor if self.skew is not None else None
             top: datetime | None = None
+            keyed: dict[str, datetime] = {}  # this file's accepted maxima per key: they judge later files only
             for i, rec in enumerate(f.records):
+                before = self.mark(rec.device)
+                known = floor is not None and rec.device in self.key_max
+                own = self.key_max[rec.device] - self.delay if known else None
                 if rec.t > f.arrival + self.early_tolerance:
                     self.early.append(rec.rid)
-                    fates[(f.name, i)] = Outcome("early", before)
+                    fates[(f.name, i)] = Outcome("early", before, floor, own)
                     continue
                 if rec.rid in self.seen:
                     self.duplicates += 1
-                    fates[(f.name, i)] = Outcome("duplicate", before)
+                    fates[(f.name, i)] = Outcome("duplicate", before, floor, own)
                     continue
                 self.seen.add(rec.rid)
                 top = rec.t if top is None else max(top, rec.t)
                 if before is not None and rec.t < before:
                     self.late[rec.rid] = before
-                    fates[(f.name, i)] = Outcome("late", before)
+                    self.dead[rec.rid] = rec
+                    fates[(f.name, i)] = Outcome("late", before, floor, own)
                     continue
                 self.accepted[rec.rid] = rec
+                keyed[rec.device] = max(keyed.get(rec.device, rec.t), rec.t)
                 if before is not None and rec.t == before:
                     self.at_watermark.append(rec.rid)
-                fates[(f.name, i)] = Outcome("accepted", before)
+                fates[(f.name, i)] = Outcome("accepted", before, floor, own)
+            for key, t in keyed.items():
+                self.key_max[key] = max(self.key_max.get(key, t), t)
             if top is not None:
                 self._advance(top)
             self.last_arrival = f.arrival if self.last_arrival is None else max(self.last_arrival, f.arrival)
@@ -167,11 +209,16 @@ class TwoStreamsModel:
     bound: timedelta
     delays: Mapping[str, timedelta]
     with_join: bool
+    skew: timedelta | None = None  # substreams keyed by device_id, with this skew_tolerance; None: none
     streams: dict[str, StreamModel] = field(default_factory=dict)
     fates: dict[tuple[str, str, int], Outcome] = field(default_factory=dict)  # (stream, file, line) -> fate
 
     def __post_init__(self) -> None:
-        self.streams = {s: StreamModel(s, self.delays[s]) for s in STREAMS}
+        self.streams = {s: StreamModel(s, self.delays[s], skew=self.skew) for s in STREAMS}
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return ("readings", "txns", "joined") if self.with_join else ("readings", "txns")
 
     def run_cycle(self, cycle: Cycle) -> None:
         for name, stream in self.streams.items():
@@ -181,15 +228,33 @@ class TwoStreamsModel:
 
     @property
     def watermark(self) -> datetime | None:
-        """The pipeline watermark ``W``: the minimum of the streams' watermarks."""
-        marks = [s.watermark for s in self.streams.values()]
+        """The pipeline watermark ``W``: the minimum of the streams' watermarks (with substreams: of their
+        floors ``F``)."""
+        marks = [s.floor for s in self.streams.values()]
         return None if any(m is None for m in marks) else min(m for m in marks if m is not None)
 
     @property
     def boundary(self) -> datetime | None:
-        """Windows ending at or before this are final (``W - lateness_bound``)."""
+        """Windows ending at or before this are final as a whole (``W - lateness_bound``)."""
         w = self.watermark
         return None if w is None else w - self.bound
+
+    def clock(self, key: str) -> datetime | None:
+        """With substreams, the pipeline's ``E_k``: the minimum over its streams of each one's ``E_k`` (its ``F``
+        when it never accepted a record of ``key``); None while a stream has no watermark. Without substreams, the
+        pipeline watermark."""
+        if self.watermark is None:
+            return None
+        marks = [s.mark(key) for s in self.streams.values()]
+        return min(m for m in marks if m is not None)
+
+    def clocks(self) -> dict[str, datetime]:
+        """With substreams: ``E_k`` of every key some stream accepted a record of (none before every stream has a
+        watermark)."""
+        if self.skew is None or self.watermark is None:
+            return {}
+        keys = {k for s in self.streams.values() for k in s.key_max}
+        return {k: c for k in keys if (c := self.clock(k)) is not None}
 
     def windows_of(self, t: datetime) -> Iterator[Window]:
         """Every window ``[s, s + size)`` on the epoch-aligned grid of ``hop`` that holds ``t``."""
@@ -198,9 +263,18 @@ class TwoStreamsModel:
             yield (start, start + self.size)
             start -= self.hop
 
-    def is_final(self, window: Window) -> bool:
-        b = self.boundary
+    def is_final(self, window: Window, key: str | None = None) -> bool:
+        """Whether the window is final: as a whole (``key`` None, or no substreams), or for one key's rows."""
+        if self.skew is None or key is None:
+            b = self.boundary
+        else:
+            c = self.clock(key)
+            b = None if c is None else c - self.bound
         return b is not None and window[1] <= b
+
+    def ledger(self) -> set[Window]:
+        """The windows closed as a whole that have rows in some output."""
+        return {(s, e) for out in self.outputs for s, e, _k in self.gold(out) if self.is_final((s, e))}
 
     # -- expected gold ------------------------------------------------------------------------------------
     def contributions(self, output: str) -> dict[tuple[datetime, datetime, str], list[tuple[str, float]]]:
@@ -222,10 +296,11 @@ class TwoStreamsModel:
 
     def gold(self, output: str) -> dict[tuple[datetime, datetime, str], tuple[Any, ...]]:
         """The expected gold rows of an output: key (window_start, window_end, device) -> metrics, for the
-        final windows only. ``output`` is ``readings``, ``txns`` or ``joined``."""
+        final windows only (with substreams, final for the row's key). ``output`` is ``readings``, ``txns`` or
+        ``joined``."""
         rows: dict[tuple[datetime, datetime, str], tuple[Any, ...]] = {}
         for key, items in self.contributions(output).items():
-            if not self.is_final((key[0], key[1])):
+            if not self.is_final((key[0], key[1]), key[2]):
                 continue
             if output == "joined":
                 rows[key] = (len(items),)

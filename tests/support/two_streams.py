@@ -1,6 +1,7 @@
 """A team's own two-stream pipeline, as issue 25's bad-input trial used it: ``readings`` (its event time in
 ``event_time``) and ``txns`` (its event time declared as ``ts``), one output per stream and one that joins
-them. The window and the watermark delays are parameters, so tests can try hopping and tumbling windows.
+them. The window and the watermark delays are parameters, so tests can try hopping and tumbling windows; so are
+substreams (both streams keyed by ``device_id``, which every output is keyed by and the join joins on).
 
 Only the public API (SPEC 8) is used, from a pipelines folder of its own."""
 
@@ -32,7 +33,7 @@ readings = Stream(
             "seq": "long", "event_time": "timestamp"}},
     id="reading_id",
     required=["reading_id", "device_id", "event_time"],
-    watermark_delay="{readings_delay}",
+    watermark_delay="{readings_delay}",{substreams}
 )
 
 txns = Stream(
@@ -41,7 +42,7 @@ txns = Stream(
     id="txn_id",
     event_time="ts",
     required=["txn_id", "device_id", "ts"],
-    watermark_delay="{txns_delay}",
+    watermark_delay="{txns_delay}",{substreams}
 )
 
 
@@ -92,8 +93,10 @@ def pipeline_source(
     bound: str = "10m",
     with_join: bool = True,
     max_temp: bool = False,
+    skew: str | None = None,
 ) -> str:
-    """The pipeline file's Python source; ``max_temp`` adds a metric to the readings output only."""
+    """The pipeline file's Python source; ``max_temp`` adds a metric to the readings output only; ``skew`` makes
+    both streams substreams keyed by ``device_id`` (SPEC 3) with that ``skew_tolerance``."""
     seconds = {"m": 60, "h": 3600, "s": 1}
     bound_s = int(bound[:-1]) * seconds[bound[-1]]
     joined_output = f'Output("{JOINED_OUT}", joined, key="device_id"),' if with_join else ""
@@ -101,6 +104,7 @@ def pipeline_source(
         readings_delay=readings_delay, txns_delay=txns_delay, window=window, bound=bound, bound_s=bound_s,
         pipeline=PIPELINE, readings_out=READINGS_OUT, txns_out=TXNS_OUT, joined_output=joined_output,
         extra_metric=', F.max("temp_c").alias("max_temp_c")' if max_temp else "",
+        substreams=f' substream="device_id", skew_tolerance="{skew}",' if skew else "",
     )
 
 
