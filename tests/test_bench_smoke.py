@@ -86,11 +86,11 @@ def test_bench_smoke(tmp_path: Path) -> None:
     for stage, accepted in (("kafka_cycle", 5_000), ("kafka_incr", 52)):
         (run,) = [r for r in data["runs"] if r["stage"] == stage]
         assert run["details"]["outcomes"]["accepted"] == accepted, (stage, run["details"]["outcomes"])
-    # The substream case: with a watermark per device every reading is accepted; without, those behind are late.
-    with_keys, plain = (next(r for r in data["runs"] if r["stage"] == s)["details"]["outcomes"]
-                        for s in ("substream_cycle", "substream_plain"))
-    assert (with_keys["accepted"], with_keys["late"]) == (5_000, 0), with_keys
-    assert plain["late"] > 0 and plain["accepted"] + plain["late"] == 5_000, plain
+    # The substream case: with a watermark per device, and without it but with a delay of hours, every reading is
+    # accepted: the two cycles do the same work.
+    for stage in ("substream_cycle", "substream_plain"):
+        outcomes = next(r for r in data["runs"] if r["stage"] == stage)["details"]["outcomes"]
+        assert (outcomes["accepted"], outcomes["late"]) == (5_000, 0), (stage, outcomes)
     for key in ("kafka_cycle/bare", "kafka_incr/bare", "substream_cycle/plain"):
         assert data["ratios"][key] > 0, (key, data["ratios"][key])
     # Every incremental cycle ingested its increment (one landing file per stream).

@@ -53,20 +53,18 @@ def judge_by_substream(settings: Settings, engine: DeltaEngine, spec: StreamSpec
     ``_wm_before`` replaced by each record's ``E_k`` and its key in :data:`KEY`."""
     assert spec.skew_tolerance is not None
     final = final.withColumn(KEY, key_of(spec))
-    candidates = final.filter(F.col("reason").isNull() & ~F.col("_duplicate"))
-    per_file = candidates.groupBy(KEY, "_file_seq").agg(F.max("event_time").alias("_k_file_max"))
-    earlier_files = Window.partitionBy(KEY).orderBy("_file_seq").rowsBetween(Window.unboundedPreceding, -1)
-    per_file = per_file.withColumn("_k_group_max", F.max("_k_file_max").over(earlier_files))
-    state = stored_maxima(settings, engine, spec, before_batch=first_id)
-    keys = per_file.select(KEY).distinct()
-    known = state.join(keys, KEY, "left_semi")
-    prior = (per_file.join(known, KEY, "left")
-             .select(KEY, "_file_seq", F.greatest("_k_group_max", "_k_stored_max").alias("_k_max")))
+    candidate = F.col("reason").isNull() & ~F.col("_duplicate")
+    # One window over the batch's records, per key in file order: the largest candidate event time of the key's
+    # records in the group's earlier files (range -1: every file before this one, none of this one).
+    earlier_files = Window.partitionBy(KEY).orderBy("_file_seq").rangeBetween(Window.unboundedPreceding, -1)
+    final = final.withColumn("_k_group_max", F.max(F.when(candidate, F.col("event_time"))).over(earlier_files))
+    state = stored_maxima(settings, engine, spec, before_batch=first_id).select(KEY, "_k_stored_max")
     floor = minus(F.col("_wm_before") + F.expr(
         f"INTERVAL {spec.watermark_delay // timedelta(microseconds=1)} MICROSECONDS"), spec.skew_tolerance)
-    return (final.join(prior, [KEY, "_file_seq"], "left")
-            .withColumn("_wm_before", F.greatest(minus(F.col("_k_max"), spec.watermark_delay), floor))
-            .drop("_k_max"))
+    own = minus(F.greatest("_k_group_max", "_k_stored_max"), spec.watermark_delay)
+    return (final.join(state, KEY, "left")
+            .withColumn("_wm_before", F.greatest(own, floor))
+            .drop("_k_group_max", "_k_stored_max"))
 
 
 def stored_maxima(settings: Settings, engine: DeltaEngine, spec: StreamSpec,

@@ -232,19 +232,23 @@ class BatchClose:
         closed_before = len(self.result.windows)
         totals: dict[Window, int] = {}
         for output in pipeline.outputs:
-            rows = gold_rows(output, output.build(inputs, pipeline.window), pipeline.window)
+            # The per-key rule on the build's rows, before gold_rows' single sorted partition: the keys' clocks are
+            # broadcast (a timestamp per key: 1M substreams are tens of MB), or the join would run in that partition.
+            built = output.build(inputs, pipeline.window).transform(pipeline.window.bounds)
             if after is not None:
-                rows = rows.filter(F.col("window_end") > F.lit(after))
-            rows = (rows.join(clocks, F.col(field_name).cast("string") == F.col(KEY), "left")
-                    .filter(F.col("window_end") <= minus(F.coalesce(F.col("_e_k"), F.lit(floor)), bound))
-                    .drop(KEY, "_e_k"))
-            # Rows an earlier cycle wrote on their key's clock.
-            written = self.engine.read(output.path(settings)).select("window_start", "window_end", *output.keys)
-            if after is not None:
-                written = written.filter(F.col("window_end") > F.lit(after))
-            rows = rows.join(written, ["window_start", "window_end", *output.keys], "left_anti")
-            rows = rows.coalesce(1).sortWithinPartitions("window_start", "window_end", *output.keys).persist(
-                StorageLevel.MEMORY_AND_DISK)
+                built = built.filter(F.col("window_end") > F.lit(after))
+            final = (built.join(F.broadcast(clocks), F.col(field_name).cast("string") == F.col(KEY), "left")
+                     .filter(F.col("window_end") <= minus(F.coalesce(F.col("_e_k"), F.lit(floor)), bound))
+                     .drop(KEY, "_e_k", "window_start", "window_end"))
+            if gold_windows(settings, output, after=after):
+                # Rows an earlier cycle wrote on their key's clock (none on the first cycle: no read at all).
+                written = self.engine.read(output.path(settings)).select("window_start", "window_end", *output.keys)
+                if after is not None:
+                    written = written.filter(F.col("window_end") > F.lit(after))
+                final = (final.transform(pipeline.window.bounds)
+                         .join(written, ["window_start", "window_end", *output.keys], "left_anti")
+                         .drop("window_start", "window_end"))
+            rows = gold_rows(output, final, pipeline.window).persist(StorageLevel.MEMORY_AND_DISK)
             try:
                 app = f"sluice.close.{output.name}"
                 meta = {"pipeline": pipeline.name, "output": output.name, "substreams": True, "floor": floor}
