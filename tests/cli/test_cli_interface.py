@@ -151,7 +151,7 @@ def test_status_on_a_missing_home_warns_naming_the_path_and_still_reports(tmp_pa
 
 # -- --json --------------------------------------------------------------------------------------------------
 
-STATUS_KEYS = ["now", "home", "home_exists", "lake", "landing", "pipelines_path", "warnings", "streams",
+STATUS_KEYS = ["now", "home", "home_exists", "lake", "landing", "pipelines_path", "warnings", "streams", "substreams",
                "pipelines", "failed_windows", "unreadable_files", "older_definitions", "load_errors", "tables"]
 
 
