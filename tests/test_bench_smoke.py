@@ -87,10 +87,13 @@ def test_bench_smoke(tmp_path: Path) -> None:
         (run,) = [r for r in data["runs"] if r["stage"] == stage]
         assert run["details"]["outcomes"]["accepted"] == accepted, (stage, run["details"]["outcomes"])
     # The substream case: with a watermark per device, and without it but with a delay of hours, every reading is
-    # accepted: the two cycles do the same work.
+    # accepted and every window closed: the two cycles do the same work and write the same gold.
+    gold = set()
     for stage in ("substream_cycle", "substream_plain"):
-        outcomes = next(r for r in data["runs"] if r["stage"] == stage)["details"]["outcomes"]
-        assert (outcomes["accepted"], outcomes["late"]) == (5_000, 0), (stage, outcomes)
+        details = next(r for r in data["runs"] if r["stage"] == stage)["details"]
+        assert (details["outcomes"]["accepted"], details["outcomes"]["late"]) == (5_000, 0), (stage, details)
+        gold.add(details["gold_rows"])
+    assert len(gold) == 1 and (gold.pop() or 0) > 0, gold
     for key in ("kafka_cycle/bare", "kafka_incr/bare", "substream_cycle/plain"):
         assert data["ratios"][key] > 0, (key, data["ratios"][key])
     # Every incremental cycle ingested its increment (one landing file per stream).

@@ -289,15 +289,34 @@ class MicroBatchIngest:
         )
         # Cheap to recompute from the cached `parsed` (a broadcast join and a column), so not cached itself.
         final = parsed.join(F.broadcast(files_df), ["source_file", BLOCK_START])
+        judged = None
         if spec.substream is not None:
             # Each record's watermark is its substream's E_k (sluice.ingest.substreams), before `_status` reads it.
-            final = judge_by_substream(self.settings, self.engine, spec, final, first_id)
-        final = final.withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset"))
-        if self._topic is not None:
-            # Each record keeps its own address, and a record has no line number: its value is one document.
-            final = final.withColumn("source_file", self._topic.address()).withColumn("_line", F.lit(None).cast("long"))
+            judged = judge_by_substream(self.settings, self.engine, spec, final, first_id)
+            final = judged.frame
+        try:
+            final = final.withColumn("_status", status).withColumn("_line", F.col(LINE_ID) + F.col("_line_offset"))
+            if self._topic is not None:
+                # Each record keeps its own address, and a record has no line number: its value is one document.
+                final = final.withColumn("source_file", self._topic.address()).withColumn(
+                    "_line", F.lit(None).cast("long"))
+            # Judged per substream with no (key, file) pair below its E_k: nothing is late, nothing to count.
+            recount = judged.flagged > 0 if judged is not None else None
+            rows = self._batch_rows(final, files, seq, per_file, marks, prior, spark_batch_id, lost, recount)
+            self._commit(final, rows, first_id, last_id)
+        finally:
+            if judged is not None:
+                judged.pairs.unpersist()
+
+    def _batch_rows(self, final: DataFrame, files: list[tuple[datetime, str]], seq: dict[str, int],
+                    per_file: dict[str, FileCounts], marks: dict[int, tuple[datetime | None, datetime | None]],
+                    prior: StreamState, spark_batch_id: int, lost: int, recount: bool | None) -> list[BatchRow]:
+        """A row of ``ops/ingest_batches`` per file (or Kafka micro-batch), in arrival order. ``recount``: for a
+        stream with substreams, whether any record can be late (None for others)."""
         late = {seq[p]: c.below_watermark for p, c in per_file.items()}
-        if spec.substream is not None or any(before != prior.watermark for before, _after in marks.values()):
+        if recount is False:
+            late = {s: 0 for s in seq.values()}
+        elif recount or any(before != prior.watermark for before, _after in marks.values()):
             # An earlier file of the batch moved the watermark for a later one (a catch-up of several files), or
             # each substream has its own: count the files' late records against their own watermarks.
             late = {s: 0 for s in seq.values()}
@@ -311,7 +330,7 @@ class MicroBatchIngest:
             s, counts = seq[path], per_file[path]
             before, after = marks[s]
             rows.append(BatchRow(
-                stream=spec.name,
+                stream=self.spec.name,
                 batch_id=s,
                 lines=counts.lines,
                 accepted=counts.lines - counts.quarantined - counts.duplicates - late[s],
@@ -320,7 +339,7 @@ class MicroBatchIngest:
                 duplicates=counts.duplicates,
                 watermark_before=before,
                 watermark_after=after,
-                max_event_time=max_event.get(s),
+                max_event_time=collected_utc(counts.max_event) if counts.max_event is not None else None,
                 max_arrival_time=arrival,
                 source_file=path,
                 spark_batch_id=spark_batch_id,
@@ -328,12 +347,7 @@ class MicroBatchIngest:
                 skipped=counts.skipped,
                 lost=lost,
             ))
-        if spec.substream is not None:
-            final = final.persist(StorageLevel.MEMORY_AND_DISK)
-        try:
-            self._commit(final, rows, first_id, last_id)
-        finally:
-            final.unpersist()
+        return rows
 
     def _lost(self, spark_batch_id: int, per_file: dict[str, FileCounts]) -> int:
         """How many of a Kafka micro-batch's planned offsets retention deleted before it read them (0 for files)."""

@@ -14,17 +14,20 @@ The running maximum takes every valid, non-duplicate record of ``k``, late ones 
 as accepted records alone: a late record above ``k``'s maximum was late by ``F`` alone, so the ``W_k`` it makes
 stays below ``F``, which never goes down. The state stored for later groups is of accepted records alone.
 
-Everything is joins and one window per key over the group's own records: no per-key loop on the driver, and a
-key that sent nothing costs nothing but its row in the state table.
+Everything is a narrow aggregation per (key, file), one window per key over it and joins: no per-key loop on the
+driver, the batch's wide records are never shuffled for it, and a key that sent nothing costs nothing but its row
+in the state table.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import pyarrow as pa
+from pyspark import StorageLevel
 from pyspark.sql import Column, DataFrame, Window
 from pyspark.sql import functions as F
 
@@ -42,29 +45,67 @@ def minus(column: Column, delta: timedelta) -> Column:
     return column - F.expr(f"INTERVAL {delta // timedelta(microseconds=1)} MICROSECONDS")
 
 
+def plus(column: Column, delta: timedelta) -> Column:
+    return column + F.expr(f"INTERVAL {delta // timedelta(microseconds=1)} MICROSECONDS")
+
+
 def key_of(spec: StreamSpec) -> Column:
     assert spec.substream is not None
     return F.col(f"_v_{spec.substream}").cast("string")
 
 
+#: Up to this many (substream, file) pairs that hold a late record are broadcast to the batch's
+#: records; more (a device whose clock is far behind sends many) are joined by a shuffle.
+BROADCAST_PAIRS = 200_000
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A micro-batch judged per substream: ``frame`` as :func:`judge_by_substream` says, ``pairs`` the cached
+    (key, file) pairs that hold a late record (released by the caller once the batch is written), and their
+    number: with none, no record of the batch is late."""
+
+    frame: DataFrame
+    pairs: DataFrame
+    flagged: int
+
+
 def judge_by_substream(settings: Settings, engine: DeltaEngine, spec: StreamSpec, final: DataFrame,
-                       first_id: int) -> DataFrame:
+                       first_id: int) -> Judged:
     """``final`` (a micro-batch's lines with their file's ``_file_seq`` and stream watermark ``_wm_before``) with
-    ``_wm_before`` replaced by each record's ``E_k`` and its key in :data:`KEY`."""
+    its key in :data:`KEY` and ``_wm_before`` replaced by the watermark that judges each record: ``E_k`` for the
+    records of a (key, file) pair that holds a late record, and ``F`` for the others, whose every candidate is at
+    or above ``E_k >= F`` and so accepted either way.
+
+    The candidates are judged on a narrow frame (key, file and event time), never by moving the batch's wide
+    records; the few pairs that hold a late record then join them.
+    """
     assert spec.skew_tolerance is not None
     final = final.withColumn(KEY, key_of(spec))
     candidate = F.col("reason").isNull() & ~F.col("_duplicate")
-    # One window over the batch's records, per key in file order: the largest candidate event time of the key's
-    # records in the group's earlier files (range -1: every file before this one, none of this one).
+    floor = minus(plus(F.col("_wm_before"), spec.watermark_delay), spec.skew_tolerance)
+    # The largest candidate event time of the key in the group's earlier files (range -1: every file before this
+    # one, none of this one), beside the stored maxima of earlier groups: one window over the candidates' keys,
+    # files and times alone.
     earlier_files = Window.partitionBy(KEY).orderBy("_file_seq").rangeBetween(Window.unboundedPreceding, -1)
-    final = final.withColumn("_k_group_max", F.max(F.when(candidate, F.col("event_time"))).over(earlier_files))
     state = stored_maxima(settings, engine, spec, before_batch=first_id).select(KEY, "_k_stored_max")
-    floor = minus(F.col("_wm_before") + F.expr(
-        f"INTERVAL {spec.watermark_delay // timedelta(microseconds=1)} MICROSECONDS"), spec.skew_tolerance)
     own = minus(F.greatest("_k_group_max", "_k_stored_max"), spec.watermark_delay)
-    return (final.join(state, KEY, "left")
-            .withColumn("_wm_before", F.greatest(own, floor))
-            .drop("_k_group_max", "_k_stored_max"))
+    pairs = (final.filter(candidate).select(KEY, "_file_seq", "event_time", floor.alias("_floor"))
+             .withColumn("_k_group_max", F.max("event_time").over(earlier_files))
+             .join(state, KEY, "left")
+             .withColumn("_e_k", F.greatest(own, F.col("_floor")))
+             .filter(F.col("event_time") < F.col("_e_k"))
+             .select(KEY, "_file_seq", "_e_k").distinct()
+             .persist(StorageLevel.MEMORY_AND_DISK))
+    flagged = pairs.count()
+    if not flagged:
+        # Every candidate is at or above its E_k: no record is late.
+        return Judged(final.withColumn("_wm_before", floor), pairs, 0)
+    judged = F.broadcast(pairs) if flagged <= BROADCAST_PAIRS else pairs
+    final = (final.join(judged, [KEY, "_file_seq"], "left")
+             .withColumn("_wm_before", F.coalesce(F.col("_e_k"), floor))
+             .drop("_e_k"))
+    return Judged(final, pairs, flagged)
 
 
 def stored_maxima(settings: Settings, engine: DeltaEngine, spec: StreamSpec,
