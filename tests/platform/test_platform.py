@@ -185,10 +185,10 @@ def test_the_platform_runs_a_demo_through_its_scheduler_and_stops_leaving_nothin
 
 def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_path: Path,
                     monkeypatch: pytest.MonkeyPatch) -> None:
-    from sluice_tools.platform_demo import Api
+    from sluice_tools.platform_demo import KAFKA_PIPELINE, Api
 
     api = Api(platform)
-    pipelines = ("ad_clicks_hourly", "user_activity_hourly")
+    pipelines = ("ad_clicks_hourly", "user_activity_hourly", KAFKA_PIPELINE)
     # The scheduler ran the runs: every manual and backfill run finished, and each one's Spark task succeeded
     # (a run may still fail on purpose: check_quality fails it when a window failed its checks).
     with_work, in_flight = 0, 0
@@ -238,10 +238,37 @@ def _check_the_demo(platform: Platform, stdout: str, apps_before: set[str], tmp_
     corrected = [r for r in read_ledger(s3_settings, "user_activity_hourly") if r.state == "reprocessed"]
     assert corrected, [(r.window_start, r.state) for r in read_ledger(s3_settings, "user_activity_hourly")]
 
+    _check_the_kafka_pipeline(platform, api, s3_settings)
+
     # The same files, arrived at the same times, in a local home, through the same steps: the same gold tables.
     local = _local_reference(platform, tmp_path, monkeypatch)
     for table in ("gold/ad_clicks_hourly", "gold/unmatched_clicks_hourly", "gold/user_activity_hourly"):
         assert _rows(s3_settings, table) == _rows(local, table), table
+
+
+def _check_the_kafka_pipeline(platform: Platform, api: Any, s3_settings: Any) -> None:
+    """The demo produced the events to the broker's topic as well (issue 57): the Kafka twin of
+    user_activity_hourly read them through kafka_default on the cluster, every record accounted for."""
+    from sluice_tools.platform_demo import KAFKA_PIPELINE, TOPIC
+
+    (steps_file,) = (platform.root / "demo").glob("*/steps.json")
+    steps = json.loads(steps_file.read_text())
+    produced = sum(step["produced"]["records"] for step in steps if "produced" in step)
+    assert produced > 0, steps
+    runs = [r for r in api.runs(KAFKA_PIPELINE) if r["run_type"] == "manual"]
+    assert len(runs) == sum(len(step.get("kafka_runs", [])) for step in steps) >= 1, runs
+    for run in runs:
+        tasks = api.task_states(KAFKA_PIPELINE, run["dag_run_id"])
+        assert tasks.get("run_cycle") == "success" and tasks.get("send_alerts") == "success", (run, tasks)
+    batches = [r for r in read_rows(str(s3_settings.lake.table("ops/ingest_batches")))
+               if r["stream"] == "events_live"]
+    assert batches and all(b["source_file"].startswith(f"kafka://{TOPIC}/") for b in batches), batches
+    assert sum(b["lines"] for b in batches) == produced, (produced, batches)
+    for b in batches:
+        assert b["lines"] == b["accepted"] + b["quarantined"] + b["late"] + b["duplicates"], b
+    assert _rows(s3_settings, f"gold/{KAFKA_PIPELINE}"), "the Kafka pipeline wrote no gold"
+    assert {r["source_file"].rsplit("/", 2)[0] for r in read_rows(str(s3_settings.lake.table("bronze/events_live")))
+            } <= {f"kafka://{TOPIC}"}
 
 
 def _check_the_workers_remove_finished_applications(platform: Platform) -> None:

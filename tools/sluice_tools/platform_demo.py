@@ -7,6 +7,11 @@ producers and scheduler would drive it.
    paused while a part is uploaded, so that every run, the scheduler's own included, sees whole parts.
 2. After each part, a run of every pipeline DAG through the scheduler, triggered through the REST API at the
    current time (so successive runs have successive logical dates); each run's Spark job runs on the cluster.
+   The ``events`` of each part are also produced, record by record, to the broker's ``events`` topic
+   (``LogAppendTime``: a record's arrival time is the broker's stamp), which a third pipeline reads:
+   ``user_activity_live``, ``user_activity_hourly`` on the topic (``source=kafka(topic="events")``). The demo
+   adds it beside the shipped pipelines in its own folder (``pipelines_path`` in ``$SLUICE_HOME/sluice.yaml``),
+   so a ``make run`` of the repository never needs a broker.
 3. ``airflow backfill create`` over the first hours of ``ad_clicks_hourly``, with the DLQ records included.
 4. One late file for a closed hour of ``user_activity_hourly``: its next run corrects that window by itself
    (the demo opts both pipelines into automatic corrections in ``$SLUICE_HOME/sluice.yaml``).
@@ -38,6 +43,60 @@ from sluice.platform.topology import TOPOLOGY
 HOUR = timedelta(hours=1)
 RUN_TIMEOUT_S = 1800
 FINISHED = {"success", "failed"}
+#: The topic the demo produces the ``events`` stream to, and the pipeline that reads it.
+TOPIC = "events"
+KAFKA_PIPELINE = "user_activity_live"
+KAFKA_PIPELINE_SOURCE = f'''"""{KAFKA_PIPELINE}: user_activity_hourly on the Kafka topic "{TOPIC}" (make platform-demo).
+
+The same records as the landing zone's events, produced to the platform's broker (kafka_default): each record's
+arrival time is the broker's stamp (a LogAppendTime topic), its source_file its kafka:// address.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+
+from sluice import Output, Pipeline, Stream, WindowSpec, checks, kafka
+
+events_live = Stream(
+    name="events_live",
+    fields={{"event_id": "string", "user_id": "string", "event_type": "string", "event_time": "timestamp"}},
+    id="event_id",
+    required=["event_id", "user_id", "event_time"],
+    watermark_delay="5m",
+    source=kafka(topic="{TOPIC}"),
+)
+
+
+def user_activity(inputs: Mapping[str, DataFrame], window: WindowSpec) -> DataFrame:
+    per_10min = (
+        inputs["events_live"]
+        .groupBy(F.window("event_time", "600 seconds", "600 seconds"), "user_id")
+        .agg(F.count(F.lit(1)).alias("events"))
+    )
+    return (
+        per_10min.filter(window.keep(F.col("window.start")))
+        .groupBy(window.column(F.col("window")), "user_id")
+        .agg(F.avg("events").alias("avg_events_per_10min"))
+    )
+
+
+pipeline = Pipeline(
+    name="{KAFKA_PIPELINE}",
+    description=__doc__ or "",
+    streams=[events_live],
+    window="1h",
+    schedule="*/15 * * * *",
+    outputs=[
+        Output("{KAFKA_PIPELINE}", user_activity, key="user_id", checks=[
+            checks.completeness("user_id", stream="events_live", distinct="user_id", name="users"),
+        ]),
+    ],
+)
+'''
 
 
 def z(value: datetime) -> str:
@@ -123,6 +182,67 @@ def _land_between_runs(api: Api, dags: Sequence[str], client: Any, files: Sequen
             api.set_paused(dag_id, False)
 
 
+def demo_pipelines(root: Path, shipped: Path) -> Path:
+    """``<root>/demo-pipelines``: the shipped pipelines (linked, so an edit of the repository's shows) and the
+    Kafka one."""
+    folder = root / "demo-pipelines"
+    folder.mkdir(parents=True, exist_ok=True)
+    for source in sorted(shipped.glob("*.py")):
+        link = folder / source.name
+        if not link.is_symlink():
+            link.unlink(missing_ok=True)
+            link.symlink_to(source.resolve())
+    (folder / f"{KAFKA_PIPELINE}.py").write_text(KAFKA_PIPELINE_SOURCE)
+    return folder
+
+
+class Topic:
+    """The broker's ``events`` topic (made once: two partitions, ``LogAppendTime``), produced to in order."""
+
+    def __init__(self, bootstrap: str) -> None:
+        from confluent_kafka import Producer
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        if TOPIC not in admin.list_topics(timeout=30).topics:
+            admin.create_topics([NewTopic(TOPIC, 2, 1, config={"message.timestamp.type": "LogAppendTime"})]
+                                )[TOPIC].result(timeout=60)
+        self.producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+
+    def produce(self, files: Sequence[Path]) -> int:
+        """Every line of ``files`` as one record, in order; how many the broker acknowledged."""
+        errors: list[str] = []
+        acknowledged = 0
+
+        def report(error: Any, _message: Any) -> None:
+            nonlocal acknowledged
+            if error is not None:
+                errors.append(str(error))
+            else:
+                acknowledged += 1
+
+        for file in files:
+            for line in file.read_bytes().splitlines():
+                self.producer.produce(TOPIC, line, on_delivery=report)
+                self.producer.poll(0)
+        left = self.producer.flush(120)
+        if left or errors:
+            raise RuntimeError(f"{left} record(s) not acknowledged by the broker within 120 s; errors: {errors[:5]}")
+        return acknowledged
+
+
+def _wait_for_dag(api: Api, dag_id: str, timeout: float = 600) -> None:
+    """The dag-processor parses the DAG folder again within its interval: wait until it has made ``dag_id``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = api.http.get(f"/api/v2/dags/{dag_id}")
+        if response.status_code == 200:
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the dag-processor has not made the DAG {dag_id} after {timeout:.0f} s")
+        time.sleep(5)
+
+
 def _describe_run(api: Api, dag_id: str, run_id: str, state: str) -> str:
     tasks = api.task_states(dag_id, run_id)
     cycle = tasks.get("run_cycle", tasks.get("reprocess_interval", "-"))
@@ -144,13 +264,19 @@ def run(platform: Platform, hours: float, slices: int) -> int:
 
     home = Path(os.environ["SLUICE_HOME"])
     home.mkdir(parents=True, exist_ok=True)
-    pipelines = sorted(load_settings().registry.pipelines)
+    (home / "sluice.yaml").unlink(missing_ok=True)
+    folder = demo_pipelines(platform.root, load_settings().pipelines_path)
+    pipelines = sorted(load_settings(pipelines=folder).registry.pipelines)
     (home / "sluice.yaml").write_text(
-        "# make platform-demo: late data corrects closed windows by itself\npipelines:\n"
+        "# make platform-demo: the shipped pipelines and one on a Kafka topic; late data corrects closed windows "
+        f"by itself\npipelines_path: {folder}\npipelines:\n"
         + "".join(f"  {name}: {{corrections: auto}}\n" for name in pipelines))
     settings = load_settings()
     client = platform.s3_client()
     api = Api(platform)
+    topic = Topic(platform.kafka_bootstrap)
+    _wait_for_dag(api, KAFKA_PIPELINE)
+    file_pipelines = [name for name in pipelines if name != KAFKA_PIPELINE]
 
     now = datetime.now(UTC).replace(minute=0, second=0, microsecond=0)
     start = now - timedelta(hours=hours)
@@ -158,29 +284,35 @@ def run(platform: Platform, hours: float, slices: int) -> int:
     print(f"[1/5] generating {hours:g} h of events from {z(start)} into {staged}", flush=True)
     # No early records: an object's arrival time is the bucket's clock, the time of its upload, which is after
     # every generated event time here; a producer's clock ahead of the bucket's is what makes records early.
-    manifest = generate(staged, GenerateOptions(start=start, hours=hours, early_share=0.0), specs=settings.streams)
+    manifest = generate(staged, GenerateOptions(start=start, hours=hours, early_share=0.0),
+                        specs={name: spec for name, spec in settings.streams.items() if spec.source is None})
     print(manifest.describe(), flush=True)
     files = sorted((f for f in staged.glob("*/*") if f.is_file()), key=lambda f: (f.stat().st_mtime, f.name))
     parts = [files[len(files) * k // slices: len(files) * (k + 1) // slices] for k in range(slices)]
 
-    print(f"[2/5] landing them in {TOPOLOGY.landing} in {slices} parts, each followed by a run of every pipeline "
-          "DAG through the scheduler", flush=True)
+    print(f"[2/5] landing them in {TOPOLOGY.landing} in {slices} parts, the events also produced to the topic "
+          f"{TOPIC!r} at {platform.kafka_bootstrap}, each part followed by a run of every pipeline DAG through the "
+          "scheduler", flush=True)
     # What the demo did, step by step, for anyone who wants to replay it (tests/platform does, on a local home).
     steps: list[dict[str, Any]] = []
     worst = 0
     for k, part in enumerate(parts, start=1):
         keys = _land_between_runs(api, pipelines, client, part, staged)
+        produced = topic.produce([f for f in part if f.parent.name == "events"])
         started = {dag_id: api.trigger(dag_id) for dag_id in pipelines}
-        print(f" part {k}/{slices}: {len(part)} files landed", flush=True)
+        print(f" part {k}/{slices}: {len(part)} files landed, {produced} records produced to {TOPIC!r}", flush=True)
         runs = []
         for dag_id, run_id in started.items():
             state = api.wait(dag_id, [run_id])[run_id]
             print(_describe_run(api, dag_id, run_id, state), flush=True)
             worst = max(worst, 0 if state == "success" else 2)
             runs.append({"dag_id": dag_id, "now": api.run_info(dag_id, run_id)["data_interval_end"]})
-        steps.append({"landed": keys, "runs": runs})
+        # The Kafka pipeline's runs are listed apart: a replay of the landed files has no topic to read.
+        steps.append({"landed": keys, "runs": [r for r in runs if r["dag_id"] != KAFKA_PIPELINE],
+                      "produced": {"topic": TOPIC, "records": produced},
+                      "kafka_runs": [r for r in runs if r["dag_id"] == KAFKA_PIPELINE]})
 
-    backfill_dag = "ad_clicks_hourly" if "ad_clicks_hourly" in pipelines else pipelines[0]
+    backfill_dag = "ad_clicks_hourly" if "ad_clicks_hourly" in pipelines else file_pipelines[0]
     first, last = start + HOUR, start + HOUR + timedelta(minutes=15)
     print(f"[3/5] airflow backfill create --dag-id {backfill_dag} --from-date {z(first)} --to-date {z(last)} "
           "(DLQ records included)", flush=True)
@@ -206,7 +338,7 @@ def run(platform: Platform, hours: float, slices: int) -> int:
     steps.append({"backfill": {"dag_id": backfill_dag, "start": z(first), "end": z(first + HOUR),
                                "include_late": True}})
 
-    corrected_dag = "user_activity_hourly" if "user_activity_hourly" in pipelines else pipelines[-1]
+    corrected_dag = "user_activity_hourly" if "user_activity_hourly" in pipelines else file_pipelines[-1]
     stream = settings.registry.pipelines[corrected_dag].streams[0]
     late_hour = start + HOUR
     print(f"[4/5] one late file for the closed hour {z(late_hour)} of {corrected_dag} ({stream})", flush=True)
