@@ -18,37 +18,11 @@ from sluice.config import ConfigError, load_settings
 from sluice.core.errors import DefinitionError
 from sluice.core.model import PipelineDef, StreamSpec
 from sluice.core.registry import load_registry
+from support.spec_example import SPEC_EXAMPLE
 
 REPO = Path(__file__).resolve().parents[1]
 
-GOOD = '''
-from pyspark.sql import functions as F
-from sluice import Output, Pipeline, Stream, checks
-
-readings = Stream(
-    name="readings",
-    fields={"reading_id": "string", "device_id": "string", "temp_c": "double", "event_time": "timestamp"},
-    id="reading_id",
-    required=["reading_id", "device_id", "event_time"],
-    watermark_delay="2m",
-)
-
-def device_temps(inputs, window):
-    r = inputs["readings"]
-    return (r.where(F.col("temp_c").isNotNull())
-             .groupBy(window.column("event_time"), "device_id")
-             .agg(F.count("*").alias("readings"), F.avg("temp_c").alias("avg_temp_c")))
-
-pipeline = Pipeline(
-    name="device_temps",
-    streams=[readings],
-    window=("15m", "5m"),
-    schedule="*/5 * * * *",
-    outputs=[Output("device_temps", device_temps, key="device_id",
-                    checks=[checks.completeness("readings", stream="readings"),
-                            checks.between("avg_temp_c", -60, 100)])],
-)
-'''
+GOOD = SPEC_EXAMPLE
 
 
 def write(folder: Path, name: str, text: str) -> Path:

@@ -41,6 +41,7 @@ from sluice.streaming.cycle import run_cycle
 from sluice.streaming.definitions import recorded_outputs
 from sluice.windows.ledger import read_ledger
 from support.lake import land, table
+from support.spec_example import SPEC_EXAMPLE
 from support.tutorial import write_tutorial
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "readings"
@@ -276,36 +277,6 @@ def same_rows(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> bool:
 def gold_with_nulls(rows: list[dict[str, Any]]) -> dict[tuple[datetime, datetime, str], tuple[Any, ...]]:
     return {(utc(r["window_start"]), utc(r["window_end"]), r["device_id"]):
             (r["readings"], round(r["avg_temp_c"], 9), r["min_battery"], r["max_temp_c"]) for r in rows}
-
-
-SPEC_EXAMPLE = '''from pyspark.sql import functions as F
-from sluice import Output, Pipeline, Stream, checks
-
-readings = Stream(
-    name="readings",
-    fields={"reading_id": "string", "device_id": "string", "temp_c": "double", "event_time": "timestamp"},
-    id="reading_id",
-    required=["reading_id", "device_id", "event_time"],
-    watermark_delay="2m",
-)
-
-def device_temps(inputs, window):
-    r = inputs["readings"]
-    return (r.where(F.col("temp_c").isNotNull())
-             .groupBy(window.column("event_time"), "device_id")
-             .agg(F.count("*").alias("readings"), F.avg("temp_c").alias("avg_temp_c")))
-
-pipeline = Pipeline(
-    name="device_temps",
-    streams=[readings],
-    window=("15m", "5m"),
-    schedule="*/5 * * * *",
-    outputs=[Output("device_temps", device_temps, key="device_id",
-                    checks=[checks.completeness("readings", stream="readings"),
-                            checks.between("avg_temp_c", -60, 100)])],
-)
-'''
-
 
 @pytest.mark.spark
 @pytest.mark.slow

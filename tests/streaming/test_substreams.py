@@ -34,8 +34,8 @@ from sluice.streaming.cycle import run_cycle
 from sluice.windows.ledger import read_ledger
 from support.lake import land, table, table_snapshot
 from support.shell import user_shell
+from support.spec_example import SPEC_EXAMPLE
 
-SPEC_EXAMPLE = (Path(__file__).parent / "test_changes.py").read_text().split("SPEC_EXAMPLE = '''")[1].split("'''")[0]
 SUBSTREAMS = SPEC_EXAMPLE.replace('watermark_delay="2m",', 'watermark_delay="2m", substream="device_id", '
                                   'skew_tolerance="3h",')
 
