@@ -113,6 +113,11 @@ def arrived_after_message(rows: Sequence[BatchRow], now: datetime) -> str:
         return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     latest = max(r.max_arrival_time for r in rows if r.max_arrival_time is not None)
+    if all((r.source_file or "").startswith("kafka://") for r in rows):
+        # A Kafka micro-batch is not a file: its records carry the broker's arrival stamps.
+        batches = "1 Kafka micro-batch" if len(rows) == 1 else f"{len(rows)} Kafka micro-batches"
+        return (f"{batches} held records that arrived after now ({stamp(now)}; the latest at {stamp(latest)}), "
+                "taken under their own arrival time; was --now meant?")
     files = "1 file" if len(rows) == 1 else f"{len(rows)} files"
     return (f"{files} arrived after now ({stamp(now)}; the latest at {stamp(latest)}) and "
             f"{'was' if len(rows) == 1 else 'were'} taken under {'its' if len(rows) == 1 else 'their'} own arrival "
