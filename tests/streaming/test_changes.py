@@ -315,6 +315,10 @@ def test_a_window_change_after_a_catch_up_gives_the_gold_of_a_fresh_home(spark: 
     changed = home("changed", edited)
     plan = plan_pipeline(open_run(changed, spark), changed.pipeline("device_temps"))
     assert plan.boundary == at("11:28"), plan.render()
+    # It says so: the windows the watermark passed after the last one with rows are rebuilt too.
+    assert "and every window ending by 2024-05-01 11:28 UTC, which the watermark has passed, from bronze" in \
+        plan.render(), plan.render()
+    assert plan.to_json()["closed_through"] == at("11:28").isoformat()
     run(changed)
     fresh = home("fresh", edited)
     land(fresh, "readings", "r1.jsonl", readings, at("10:45"))

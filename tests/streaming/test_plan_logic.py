@@ -62,6 +62,7 @@ def test_a_plan_names_each_change_before_and_after_and_what_the_next_run_does() 
             "from bronze as windows of 10m tumbling; the old windows leave gold and the ledger") in text
     doc = p.to_json()
     assert doc["status"] == "changed" and doc["closed_range"] == [CLOSED[0][0].isoformat(), CLOSED[-1][1].isoformat()]
+    assert doc["closed_through"] == CLOSED[-1][1].isoformat()
     [out] = doc["outputs"]
     assert out["columns"] == {"added": ["max_temp_c double"], "removed": [], "retyped": []}
     assert out["changes"]["window"] == {"before": "15m every 5m", "after": "10m tumbling"}

@@ -146,7 +146,12 @@ class PipelinePlan:
                                                       if change.columns()["added"] else ""))
         if not self.closed:
             return "rebuild: no window is closed yet; the new definition applies from the next window"
-        text = f"rebuild: recomputes the {len(self.closed)} closed window(s) ({span}) from bronze"
+        text = f"rebuild: recomputes the {len(self.closed)} closed window(s) ({span})"
+        if self.boundary is not None and self.boundary > self.closed[-1][1]:
+            # The watermark passed the last window with rows (an idle heartbeat, a catch-up): every window ending
+            # by then is final, and the rebuild gives each the rows a fresh home would.
+            text += f" and every window ending by {self.boundary:%Y-%m-%d %H:%M} UTC, which the watermark has passed,"
+        text += " from bronze"
         if change.reshaped:
             text += f" as windows of {change.after.window}; the old windows leave gold and the ledger"
         return text + f", in one commit of gold/{change.output}, and validates them again"
@@ -183,6 +188,7 @@ class PipelinePlan:
             "closed_windows": len(self.closed),
             "closed_range": None if not self.closed else [self.closed[0][0].isoformat(),
                                                           self.closed[-1][1].isoformat()],
+            "closed_through": None if self.boundary is None else self.boundary.isoformat(),
             "outputs": [{
                 "output": c.output,
                 "changed": c in self.changed,
