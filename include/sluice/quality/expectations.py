@@ -31,20 +31,29 @@ if TYPE_CHECKING:  # GE takes seconds to import; only WindowValidator pays for i
 SuiteContent = tuple[list["Expectation"], dict[str, Formatter], list[str]]
 
 
-def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteContent:
-    """The window-level suite: the completeness checks ``names`` and lateness within ``lateness_threshold``."""
+def totals_expectations(names: list[str], lateness_threshold: float, *, per_row: bool = False) -> SuiteContent:
+    """The window-level suite: the completeness checks ``names`` and lateness within ``lateness_threshold``.
+    ``per_row``: the frame holds many windows' totals, a row each (see ``WindowValidator``'s ``*_together``)."""
     import great_expectations as gx
 
     expectations: list[Expectation] = []
     formatters: dict[str, Formatter] = {}
     for outcome, label in frame_labels(names).items():
-        # The gold total must equal the window's bronze count, passed per window as a suite parameter:
-        # Data Docs then shows the gold total as the unexpected value and the bronze count as the
-        # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
-        bronze = {"$PARAMETER": f"{label}{BRONZE_SUFFIX}"}
-        expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
-            column=f"{label}{GOLD_SUFFIX}", min_value=bronze, max_value=bronze, meta={OUTCOME_META: outcome},
-        ))
+        gold, bronze = f"{label}{GOLD_SUFFIX}", f"{label}{BRONZE_SUFFIX}"
+        if per_row:
+            # A suite parameter holds one window's count, so over many windows each gold total is held to the
+            # bronze count of its own row.
+            expectations.append(gx.expectations.ExpectColumnPairValuesToBeEqual(
+                column_A=gold, column_B=bronze, meta={OUTCOME_META: outcome},
+            ))
+        else:
+            # The gold total must equal the window's bronze count, passed per window as a suite parameter:
+            # Data Docs then shows the gold total as the unexpected value and the bronze count as the
+            # expected one, apart (a column pair's unexpected value renders as "4546" for 45 vs 46).
+            expected = {"$PARAMETER": bronze}
+            expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
+                column=gold, min_value=expected, max_value=expected, meta={OUTCOME_META: outcome},
+            ))
         formatters[outcome] = format_completeness
     expectations.append(gx.expectations.ExpectColumnValuesToBeBetween(
         column=DLQ_SHARE_COLUMN, min_value=0, max_value=lateness_threshold, meta={OUTCOME_META: LATENESS},
@@ -55,6 +64,9 @@ def totals_expectations(names: list[str], lateness_threshold: float) -> SuiteCon
         f"Lateness: the window's late (DLQ) records not in gold, as a share of all its records, is at most "
         f"{lateness_threshold:g}.",
     ]
+    if per_row:
+        notes.insert(0, "One row per window, validated together; a window that fails a check of its check step "
+                        "is validated again on its own, and has its own page.")
     return expectations, formatters, notes
 
 

@@ -92,7 +92,8 @@ def _sample(values: list[Any]) -> str:
 
 def _column(part: ExpectationValidationResult) -> str:
     kwargs = part.expectation_config.kwargs if part.expectation_config else {}
-    return str(kwargs.get("column", "?"))
+    # A column pair's first column (the gold total of the completeness check over many windows' totals).
+    return str(kwargs.get("column", kwargs.get("column_A", "?")))
 
 
 def _first_value(data: pd.DataFrame, column: str) -> str:
@@ -137,7 +138,9 @@ def format_between(parts: list[ExpectationValidationResult], data: pd.DataFrame)
 def format_window_length(window_seconds: int) -> Formatter:
     def fmt(parts: list[ExpectationValidationResult], data: pd.DataFrame) -> str:
         wrong, values = _unexpected(parts[0])
-        rows = int((parts[0].result or {}).get("element_count") or 0)
+        # The frame's rows, not GE's element count: the frame is the window's own when its result is that of
+        # many windows validated together (see WindowValidator.validate_outputs_together).
+        rows = len(data)
         return f"{wrong} of {rows} rows != {window_seconds}s" + (f" ({_sample(values)})" if values else "")
 
     return fmt

@@ -23,6 +23,13 @@ store); validation definitions and the datasource live in memory (no shared YAML
 processes to fight over).  GE renders the site into a plain local directory of HTML, which is the site on
 a local lake and is published to the lake's ``_data_docs/`` on object storage.
 
+Many windows: a check step that closes many windows (a catch-up, a backfill) validates each suite over all of
+their frames at once (``*_together``): one GE validation and one Data Docs page for the step's passing
+windows, each window's outcomes read from that result and its own frame. GE's cost is per validation, not per
+row (a catch-up of a day of 5-minute windows is hundreds). A window that fails is validated again on its own,
+so it has its own page and its own numbers, exactly as when it closes alone; a screen that failed is removed
+from the results store.
+
 This module registers the suites, runs them and renders their Data Docs; the parts live beside it:
 :mod:`~sluice.quality.outcomes` (outcome names, what a validation reports), :mod:`~sluice.quality.frames`
 (the two frames), :mod:`~sluice.quality.expectations` (checks -> GE expectations),
@@ -33,7 +40,7 @@ This module registers the suites, runs them and renders their Data Docs; the par
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,7 +50,7 @@ from urllib.parse import unquote, urlparse
 import pandas as pd
 
 from sluice.quality.docs_assets import make_offline
-from sluice.quality.expectations import gold_expectations, totals_expectations
+from sluice.quality.expectations import SuiteContent, gold_expectations, totals_expectations
 from sluice.quality.frames import BRONZE_SUFFIX, OutputFrame, gold_frame, totals_frame
 from sluice.quality.gx_context import SITE_NAME, make_context
 from sluice.quality.outcomes import ExpectationOutcome, WindowValidation
@@ -64,6 +71,9 @@ log = logging.getLogger(__name__)
 _DATASOURCE = "sluice_dq"
 _TOTALS_ASSET = "window_totals"
 _GOLD_ASSET = "gold_rows"
+_TOTALS_PER_WINDOW = "totals_per_window"  # the suite of many windows' totals, a row each
+
+Window = tuple[datetime, datetime]
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,76 @@ class WindowValidator:
             runs.append(self._suite_run(self._gold_suite(out), frame, _GOLD_ASSET, pipeline, window_start))
         return runs
 
+    # Many windows at once (module docstring): what the two methods above return per window, from one GE
+    # validation per suite where the windows pass.
+
+    def validate_outputs_together(
+        self, pipeline: str, outputs: Mapping[Window, Sequence[OutputFrame]]
+    ) -> dict[Window, list[SuiteRun]]:
+        """:meth:`validate_outputs` of every window in ``outputs`` (each window's outputs in one order)."""
+        windows = sorted(outputs)
+        runs: dict[Window, list[SuiteRun]] = {w: [] for w in windows}
+        for i, out in enumerate(outputs[windows[0]] if windows else ()):
+            columns = [c.column for c in out.checks]  # type: ignore[attr-defined]
+            frames = {w: gold_frame(outputs[w][i].gold, keys=out.keys, columns=columns) for w in windows}
+            registered = self._gold_suite(out)
+
+            def alone(w: Window, frames: Mapping[Window, pd.DataFrame] = frames,
+                      registered: _Registered = registered) -> SuiteRun:
+                return self._suite_run(registered, frames[w], _GOLD_ASSET, pipeline, w[0])
+
+            for w, run in self._together(registered, frames, _GOLD_ASSET, pipeline, alone).items():
+                runs[w].append(run)
+        return runs
+
+    def validate_totals_together(
+        self, pipeline: str, totals: Mapping[Window, tuple[Mapping[str, tuple[int, int]], int, int]]
+    ) -> dict[Window, SuiteRun]:
+        """:meth:`validate_totals` of every window in ``totals``: (completeness, late rows, total rows) each."""
+        frames = {w: totals_frame(c, late_rows=late, total_rows=total) for w, (c, late, total) in totals.items()}
+        names = sorted({tuple(c) for c, _late, _total in totals.values()})
+        if len(names) != 1:  # windows with different checks cannot share a suite
+            return {w: self.validate_totals(pipeline, *w, completeness=c, late_rows=late, total_rows=total)
+                    for w, (c, late, total) in totals.items()}
+        signature: tuple[object, ...] = (names[0], self.lateness_threshold)
+        registered = self._suite(f"{pipeline}.{_TOTALS_PER_WINDOW}", signature, self._totals_batch,
+                                 lambda: totals_expectations(list(names[0]), self.lateness_threshold, per_row=True))
+
+        def alone(w: Window) -> SuiteRun:
+            completeness, late, total = totals[w]
+            return self.validate_totals(pipeline, *w, completeness=completeness, late_rows=late, total_rows=total)
+
+        return self._together(registered, frames, _TOTALS_ASSET, pipeline, alone)
+
+    def _together(
+        self, registered: _Registered, frames: Mapping[Window, pd.DataFrame], asset: str, pipeline: str,
+        alone: Callable[[Window], SuiteRun], *, attributed: bool = False,
+    ) -> dict[Window, SuiteRun]:
+        """``registered``'s suite over the frames of many windows in one validation, or each window ``alone``:
+        a window whose rows fail (GE lists their rows) on its own; the others together again, once."""
+        windows = sorted(frames)
+        rows = [frames[w] for w in windows if len(frames[w])]
+        if len(windows) < 2 or len({tuple(f.columns) for f in rows}) > 1:
+            return {w: alone(w) for w in windows}
+        data = pd.concat(rows, ignore_index=True) if rows else frames[windows[0]]
+        owner = [w for w in windows for _ in range(len(frames[w]))]  # the window of each row of data
+        first, last = windows[0][0], windows[-1][0]
+        run_id = self._run_id(f"{pipeline}-{_utc(first):%Y%m%dT%H%M%SZ}-{_utc(last):%Y%m%dT%H%M%SZ}"
+                              f"-{len(windows)}-windows")
+        # COMPLETE: a failing expectation lists the rows it failed on, so the failing windows are known.
+        result = self._run(registered, data, run_id, result_format="COMPLETE")
+        result_id = self._result_id(registered.suite_name, run_id, asset)
+        if result.success:
+            return {w: SuiteRun(fold_results(result, frames[w], registered.formatters), True, result_id)
+                    for w in windows}
+        self._context.validation_results_store.remove_key(result_id)
+        failing = None if attributed else _failing_windows(result, owner)
+        if failing is None:
+            return {w: alone(w) for w in windows}
+        passing = {w: frames[w] for w in windows if w not in failing}
+        together = self._together(registered, passing, asset, pipeline, alone, attributed=True)
+        return {**together, **{w: alone(w) for w in sorted(failing)}}
+
     def combine(
         self, pipeline: str, window_start: datetime, window_end: datetime, runs: Sequence[SuiteRun]
     ) -> WindowValidation:
@@ -182,56 +262,59 @@ class WindowValidator:
     def _suite_run(
         self, registered: _Registered, data: pd.DataFrame, asset: str, pipeline: str, window_start: datetime
     ) -> SuiteRun:
-        from great_expectations.core.run_identifier import RunIdentifier
-
         # One run per window: every result sits together under this run name in the Data Docs index.
-        run_id = RunIdentifier(
-            run_name=f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}", run_time=self._run_time
-        )
-        result = self._run(registered, data, run_id)
+        run_id = self._run_id(f"{pipeline}-{_utc(window_start):%Y%m%dT%H%M%SZ}")
+        # The totals suite compares each gold total with this window's bronze count (see _totals_suite).
+        parameters = {c: int(data[c].iloc[0]) for c in data.columns if c.endswith(BRONZE_SUFFIX) and len(data)}
+        result = self._run(registered, data, run_id, parameters=parameters)
         return SuiteRun(fold_results(result, data, registered.formatters), bool(result.success),
                         self._result_id(registered.suite_name, run_id, asset))
 
+    def _run_id(self, run_name: str) -> RunIdentifier:
+        from great_expectations.core.run_identifier import RunIdentifier
+
+        return RunIdentifier(run_name=run_name, run_time=self._run_time)
+
     def _run(
-        self, registered: _Registered, data: pd.DataFrame, run_id: RunIdentifier
+        self, registered: _Registered, data: pd.DataFrame, run_id: RunIdentifier, *,
+        parameters: Mapping[str, int] | None = None, result_format: str = "SUMMARY",
     ) -> ExpectationSuiteValidationResult:
         from great_expectations.exceptions.resource_freshness import ResourceFreshnessAggregateError
 
-        # The totals suite compares each gold total with this window's bronze count (see _totals_suite).
-        parameters = {c: int(data[c].iloc[0]) for c in data.columns if c.endswith(BRONZE_SUFFIX) and len(data)}
+        options: dict[str, Any] = {"batch_parameters": {"dataframe": data}, "run_id": run_id,
+                                   "expectation_parameters": dict(parameters) if parameters else None,
+                                   "result_format": result_format}
         try:
-            return registered.validation.run(batch_parameters={"dataframe": data}, run_id=run_id,
-                                             expectation_parameters=parameters or None)
+            return registered.validation.run(**options)
         except ResourceFreshnessAggregateError:
             # Another process rewrote the shared suite file with a different signature (e.g. a window
             # whose gold frame lacked a column): write ours back and run again.
             log.info("suite %s changed on disk; re-registering it", registered.suite_name)
             # (add_or_update on the definition saves its suite too.)
             registered.validation = self._context.validation_definitions.add_or_update(registered.validation)
-            result: ExpectationSuiteValidationResult = registered.validation.run(
-                batch_parameters={"dataframe": data}, run_id=run_id, expectation_parameters=parameters or None
-            )
+            result: ExpectationSuiteValidationResult = registered.validation.run(**options)
             return result
 
     # ------------------------------------------------------------------ suites
 
     def _totals_suite(self, pipeline: str, names: list[str]) -> _Registered:
         signature: tuple[object, ...] = (tuple(names), self.lateness_threshold)
-        name = f"{pipeline}.{_TOTALS_ASSET}"
-        known = self._registered.get(name)
-        if known and known.signature == signature:
-            return known
-        expectations, formatters, notes = totals_expectations(names, self.lateness_threshold)
-        return self._register(name, signature, self._totals_batch, expectations, formatters, notes)
+        return self._suite(f"{pipeline}.{_TOTALS_ASSET}", signature, self._totals_batch,
+                           lambda: totals_expectations(names, self.lateness_threshold))
 
     def _gold_suite(self, out: OutputFrame) -> _Registered:
         signature: tuple[object, ...] = (out.keys, tuple(out.checks), out.prefix, self.window_seconds)
-        name = f"{out.name}.{_GOLD_ASSET}"
+        return self._suite(f"{out.name}.{_GOLD_ASSET}", signature, self._gold_batch,
+                           lambda: gold_expectations(out, self.window_seconds))
+
+    def _suite(
+        self, name: str, signature: tuple[object, ...], batch_definition: Any, content: Callable[[], SuiteContent]
+    ) -> _Registered:
+        """The suite ``name`` as registered in this process, registered again when its signature changed."""
         known = self._registered.get(name)
         if known and known.signature == signature:
             return known
-        expectations, formatters, notes = gold_expectations(out, self.window_seconds)
-        return self._register(name, signature, self._gold_batch, expectations, formatters, notes)
+        return self._register(name, signature, batch_definition, *content())
 
     def _register(
         self,
@@ -301,6 +384,20 @@ class WindowValidator:
         make_offline(self.docs_dir)  # the pages load their CSS and JS from the docs folder, not from CDNs
         self.site.publish()
         return self.docs_dir / "index.html"
+
+
+def _failing_windows(result: ExpectationSuiteValidationResult, owner: Sequence[Window]) -> set[Window] | None:
+    """The windows whose rows a failed validation of many windows' frames failed on (``owner``: the window of
+    each row), or None when a failure names no rows (an expectation that could not be evaluated)."""
+    failing: set[Window] = set()
+    for part in result.results:
+        if part.success:
+            continue
+        rows = (part.result or {}).get("unexpected_index_list")
+        if not rows:
+            return None
+        failing.update(owner[int(row)] for row in rows)
+    return failing
 
 
 def _same_suite(stored: Any, expectations: list[Expectation], notes: list[str]) -> bool:
