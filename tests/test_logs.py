@@ -41,8 +41,14 @@ def test_spark_log_conf_points_at_the_packaged_properties(monkeypatch: pytest.Mo
     monkeypatch.setenv("SLUICE_JARS_DIR", str(tmp_path / "jars"))  # no class-data archive (tests/core/test_class_data)
     conf = sluice_spark.log_conf()
     option = conf["spark.driver.extraJavaOptions"]
-    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()} {sluice_spark.JIT_OPTION}"
+    jit = sluice_spark.JIT_OPTIONS["cycle"]
+    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()} {jit}"
     assert "rootLogger.level = warn" in sluice_spark.LOG4J2_PROPERTIES.read_text()
+    # A backfill's JVM compiles with C1 only (runtime.spark.JIT_OPTIONS); an unknown kind of run is refused.
+    backfill = sluice_spark.log_conf("backfill")["spark.driver.extraJavaOptions"]
+    assert backfill.endswith(" -XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1")
+    with pytest.raises(ValueError, match="unknown kind of run 'nightly'"):
+        sluice_spark.log_conf("nightly")
     # The user's own Spark logging wins.
     (tmp_path / "log4j2.properties").write_text("rootLogger.level = info\n")
     monkeypatch.setenv("SPARK_CONF_DIR", str(tmp_path))

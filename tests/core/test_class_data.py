@@ -27,7 +27,8 @@ def empty_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
 def test_without_an_archive_the_driver_gets_only_sluices_logging(empty_cache: Path) -> None:
     assert class_data.java_options() == []
     option = sluice_spark.log_conf()["spark.driver.extraJavaOptions"]
-    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()} {sluice_spark.JIT_OPTION}"
+    jit = sluice_spark.JIT_OPTIONS["cycle"]
+    assert option == f"-Dlog4j2.configurationFile={sluice_spark.LOG4J2_PROPERTIES.as_uri()} {jit}"
 
 
 def test_the_archive_of_this_install_is_mapped_quietly_and_one_of_another_java_is_not(
@@ -39,7 +40,7 @@ def test_the_archive_of_this_install_is_mapped_quietly_and_one_of_another_java_i
     path.write_bytes(b"archive")
     options = sluice_spark.log_conf()["spark.driver.extraJavaOptions"].split()
     # -Xlog:cds=off: a JVM that cannot use the archive says so on stdout, where `sluice ... --json` writes.
-    assert options[2:] == [f"-XX:SharedArchiveFile={path}", class_data.QUIET]
+    assert options[-2:] == [f"-XX:SharedArchiveFile={path}", class_data.QUIET]
 
     # Another Java runtime (an upgrade of the JDK) has another key: the old archive is not offered to it.
     other = tmp_path / "jdk" / "bin" / "java"

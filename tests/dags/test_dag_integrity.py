@@ -132,6 +132,11 @@ def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
     assert len(spark_tasks) == 3 * len(PIPELINES) + 1  # run_cycle, check_quality, reprocess_interval; backfill
     for task in spark_tasks:
         assert Path(task.application).is_file(), f"{task.dag_id}.{task.task_id}: {task.application} is missing"
+    # The backfill jobs (the backfill DAG's and each pipeline's reprocess path) start their JVM with a
+    # backfill's JIT settings (sluice.runtime.spark.JIT_OPTIONS), every other job with a cycle's.
+    backfills = {(t.dag_id, t.task_id) for t in spark_tasks if t.work == "backfill"}
+    assert backfills == {("sluice_backfill", "backfill"), *((p, "reprocess_interval") for p in PIPELINES)}
+    assert {t.work for t in spark_tasks if (t.dag_id, t.task_id) not in backfills} == {"cycle"}
 
 
 _PARSE_SCRIPT = """

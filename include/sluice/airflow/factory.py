@@ -202,6 +202,12 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
         self.spark_conn_id: str = conn_id
         self.clock_from_data_interval = clock_from_data_interval
 
+    @property
+    def work(self) -> str:
+        """The kind of run the job is, for its JVM's settings (``sluice.runtime.spark.JIT_OPTIONS``): a
+        ``backfill`` job's (a pipeline's reprocess path, the backfill DAG), else a ``cycle``'s."""
+        return "backfill" if list(self.application_args or [])[:1] == ["backfill"] else "cycle"
+
     def execute(self, context: Any) -> None:
         from sluice.config import load_settings
         from sluice.runtime.spark import (  # imports PySpark: at run time, never at parse time
@@ -228,8 +234,9 @@ class SluiceSparkSubmitOperator(SparkSubmitOperator):
             self.conf = {"spark.executor.extraClassPath": on_workers, **(self.conf or {})}
         if self.clock_from_data_interval:
             self.env_vars = with_clock(self.env_vars, context.get("data_interval_end"))
-        # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties), unless the task says.
-        self.conf = {**log_conf(), **(self.conf or {})}
+        # The driver logs as quietly as in `sluice run` (sluice's log4j2 properties) and compiles as the CLI's
+        # command would (a backfill's JIT settings are its own), unless the task says.
+        self.conf = {**log_conf(self.work), **(self.conf or {})}
         if connection_defined(self.spark_conn_id):
             return super().execute(context)
         # The provider would fall back to YARN; sluice's contract is local mode.

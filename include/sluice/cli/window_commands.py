@@ -41,8 +41,8 @@ def cmd_backfill(args: argparse.Namespace) -> Output:
         code = EXIT_OK if args.no_fail_on_checks else checked.exit_code
         return Output(code, checked.render(), {**retry_data(checked), "exit_code": code})
     result = run_backfill(
-        open_run(settings, app_name=f"sluice-backfill-{args.pipeline}"), args.pipeline, args.start, args.end,
-        include_late=args.include_late, deliver_alerts=not args.no_deliver,
+        open_run(settings, app_name=f"sluice-backfill-{args.pipeline}", work="backfill"), args.pipeline,
+        args.start, args.end, include_late=args.include_late, deliver_alerts=not args.no_deliver,
     )
     # The backfill DAG records failing windows here and lets its send_alerts task deliver them and fail the
     # run: failing this task instead would retry the whole backfill and skip the alerts.

@@ -40,6 +40,9 @@ class RunContext:
     session: SparkSession | None = None
     #: The Spark application's name when the context starts the session (``sluice-<pipeline>``).
     app_name: str = "sluice"
+    #: The kind of run when the context starts the session: ``cycle`` or ``backfill`` (its JIT settings,
+    #: :data:`sluice.runtime.spark.JIT_OPTIONS`).
+    work: str = "cycle"
     _ledgers: dict[str | None, Ledger] = field(default_factory=dict, repr=False)
 
     @property
@@ -62,7 +65,7 @@ class RunContext:
             if self.session is None:
                 from sluice.runtime.spark import get_spark  # imports PySpark's JVM side only when Spark is needed
 
-                self.session = get_spark(self.settings, self.app_name)
+                self.session = get_spark(self.settings, self.app_name, work=self.work)
         return self.session
 
     @cached_property
@@ -100,7 +103,9 @@ class RunContext:
         return dataclasses.replace(self, settings=settings, _ledgers={})
 
 
-def open_run(settings: Settings, spark: SparkSession | None = None, *, app_name: str = "sluice") -> RunContext:
-    """The edge's one call: the run context of ``settings`` (with the edge's Spark session, if it has one)."""
-    return RunContext(settings, spark, app_name)
+def open_run(settings: Settings, spark: SparkSession | None = None, *, app_name: str = "sluice",
+             work: str = "cycle") -> RunContext:
+    """The edge's one call: the run context of ``settings`` (with the edge's Spark session, if it has one);
+    ``work``: ``cycle`` or ``backfill``, for a session it starts."""
+    return RunContext(settings, spark, app_name, work)
 

@@ -35,7 +35,8 @@ def require_java() -> None:
 LOOPBACK = "127.0.0.1"
 
 
-def get_spark(settings: Settings, app_name: str = "sluice", master: str | None = None) -> SparkSession:
+def get_spark(settings: Settings, app_name: str = "sluice", master: str | None = None, *,
+              work: str = "cycle") -> SparkSession:
     """Get or create the SparkSession for this process.
 
     Python workers must run the interpreter that has ``deltalake`` installed (the Delta stream source
@@ -51,7 +52,7 @@ def get_spark(settings: Settings, app_name: str = "sluice", master: str | None =
     # The JVM's logging is decided when it starts: only when this process starts it (not under spark-submit,
     # whose JVM already runs and got its Java options from spark-submit's own --conf).
     starts_jvm = "PYSPARK_GATEWAY_PORT" not in os.environ and SparkContext._gateway is None
-    options = {**(log_conf() if starts_jvm else {}), **spark_conf(settings)}
+    options = {**(log_conf(work) if starts_jvm else {}), **spark_conf(settings)}
     if starts_jvm and (master or settings.spark_master).startswith("local") and not os.environ.get("SPARK_LOCAL_IP"):
         # A local session serves no one else: its driver (RPC, block manager) listens on loopback only, where
         # Spark would take the machine's first address and be reachable from the network.
@@ -94,16 +95,28 @@ def _pass_stderr(stream: Any) -> None:
 
 
 LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
-# HotSpot compiles no method over 8000 bytes of bytecode by default, and the code Spark generates for ingest's
-# projection (a JSON parse, each field's type, text and value, the quarantine reason) is larger: it ran
-# interpreted, and parsing 1M lines took 8.1 s where it takes 5.4 s compiled (local[2]; bench/README).
-JIT_OPTION = "-XX:-DontCompileHugeMethods"
+# What the driver JVM's JIT compiles, per kind of run (``work``). A sluice JVM lives for one cycle or one backfill,
+# tens of seconds on the 2 cores of the machines it is measured on (bench/README, "What each change bought"):
+# - Every run compiles huge methods. HotSpot compiles no method over 8000 bytes of bytecode by default, and the
+#   code Spark generates for ingest's projection (a JSON parse, each field's type, text and value, the
+#   quarantine reason) is larger: it ran interpreted, and parsing 1M lines took 8.1 s where it takes 5.4 s
+#   compiled (local[2]).
+# - A cycle leaves C2 to what is really hot (ten times HotSpot's tier-4 thresholds): the parse and the
+#   shuffles still get there within seconds, the lukewarm rest stays in C1 rather than taking a core to compile
+#   (the Kafka case's catch-up of 1M records: 54-55 s -> 49 s).
+# - A backfill runs C1 only: its Spark SQL aggregations over bronze last seconds each, and C2's compiles did
+#   not pay back within the run (a backfill of the 1M day: 27.2-27.5 s -> 23.0-23.2 s).
+JIT_OPTIONS: dict[str, str] = {
+    "cycle": "-XX:-DontCompileHugeMethods -XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
+             "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000",
+    "backfill": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
+}
 
 
-def log_conf() -> dict[str, str]:
+def log_conf(work: str = "cycle") -> dict[str, str]:
     """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
-    without start-up chatter and known-harmless noise), the JIT compiling Spark's large generated methods
-    (:data:`JIT_OPTION`), and the machine's class-data archive
+    without start-up chatter and known-harmless noise), the JIT settings of the run's ``work``
+    (:data:`JIT_OPTIONS`: ``cycle`` or ``backfill``), and the machine's class-data archive
     (:mod:`sluice.core.class_data`) when it has one. Takes effect only when this process starts the driver
     JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
     configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
@@ -111,7 +124,9 @@ def log_conf() -> dict[str, str]:
     conf_dir = os.environ.get("SPARK_CONF_DIR")
     if "extraJavaOptions" in _submit_conf() or (conf_dir and (Path(conf_dir) / "log4j2.properties").is_file()):
         return {}
-    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", JIT_OPTION, *java_options()]
+    if work not in JIT_OPTIONS:
+        raise ValueError(f"unknown kind of run {work!r}: use one of {', '.join(JIT_OPTIONS)}")
+    options = [f"-Dlog4j2.configurationFile={LOG4J2_PROPERTIES.as_uri()}", JIT_OPTIONS[work], *java_options()]
     return {"spark.driver.extraJavaOptions": " ".join(options)}
 
 
