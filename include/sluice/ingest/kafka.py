@@ -40,6 +40,7 @@ from sluice.ingest.topics import (
     committed_offsets,
     describe,
     spark_options,
+    topic_prefix,
 )
 
 log = logging.getLogger("sluice.ingest")
@@ -121,7 +122,7 @@ class KafkaIngest(StreamIngest):
 
     def _unit_name(self, row: BatchRow) -> str:
         """A micro-batch's offset ranges, without the topic the stream names anyway: ``0/0-99,1/0-42``."""
-        return (row.source_file or "").removeprefix(f"kafka://{self.topic_name}/") or "-"
+        return (row.source_file or "").removeprefix(topic_prefix(self.topic_name)) or "-"
 
     def _progress_units(self, row: BatchRow) -> int:
         return row.lines + row.skipped + row.lost

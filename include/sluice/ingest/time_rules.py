@@ -19,6 +19,7 @@ from pyspark.sql import functions as F
 from sluice.core.model import StreamSpec
 from sluice.ingest.files import source_key
 from sluice.ingest.state import BatchRow, StreamState
+from sluice.ingest.topics import is_kafka_address
 
 log = logging.getLogger("sluice.ingest")
 
@@ -113,7 +114,7 @@ def arrived_after_message(rows: Sequence[BatchRow], now: datetime) -> str:
         return ts.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     latest = max(r.max_arrival_time for r in rows if r.max_arrival_time is not None)
-    if all((r.source_file or "").startswith("kafka://") for r in rows):
+    if all(is_kafka_address(r.source_file) for r in rows):
         # A Kafka micro-batch is not a file: its records carry the broker's arrival stamps.
         batches = "1 Kafka micro-batch" if len(rows) == 1 else f"{len(rows)} Kafka micro-batches"
         return (f"{batches} held records that arrived after now ({stamp(now)}; the latest at {stamp(latest)}), "

@@ -177,12 +177,25 @@ def planned_ranges(state: LakeState, stream: str, topic: str, spark_batch_id: in
     return {p: (start.get(p, 0), e) for p, e in sorted(end.items())}
 
 
+KAFKA_SCHEME = "kafka://"  # the scheme of a Kafka record's or micro-batch's address (its ``source_file``)
+
+
+def topic_prefix(topic: str) -> str:
+    """Where every address of ``topic`` starts: ``kafka://<topic>/``."""
+    return f"{KAFKA_SCHEME}{topic}/"
+
+
+def is_kafka_address(source_file: str | None) -> bool:
+    """Whether an ``ops/ingest_batches.source_file`` (or bronze's) names Kafka records rather than a file."""
+    return (source_file or "").startswith(KAFKA_SCHEME)
+
+
 def range_label(topic: str, ranges: Mapping[int, tuple[int, int]]) -> str:
     """A micro-batch's address in ``ops/ingest_batches.source_file``: ``kafka://<topic>/<partition>/<first>-<last>``
     per partition it read, comma-separated (``kafka://readings/0/0-99,1/0-42``). A record's address
     (``kafka://readings/1/17``) falls in its batch's range."""
     parts = [f"{p}/{start}-{end - 1}" for p, (start, end) in sorted(ranges.items()) if end > start]
-    return f"kafka://{topic}/" + ",".join(parts) if parts else f"kafka://{topic}/"
+    return topic_prefix(topic) + ",".join(parts)
 
 
 def lost_offsets(ranges: Mapping[int, tuple[int, int]], first_read: Mapping[int, int],
@@ -256,5 +269,5 @@ class TopicBatches:
         """A record's address, ``kafka://<topic>/<partition>/<offset>`` (its ``source_file``)."""
         from pyspark.sql import functions as F
 
-        return F.concat(F.lit(f"kafka://{self.topic}/"), F.col("_partition").cast("string"), F.lit("/"),
+        return F.concat(F.lit(topic_prefix(self.topic)), F.col("_partition").cast("string"), F.lit("/"),
                         F.col("_offset").cast("string"))

@@ -49,6 +49,7 @@ from urllib.parse import unquote, urlparse
 
 import pandas as pd
 
+from sluice.core.windows import Window
 from sluice.quality.docs_assets import make_offline
 from sluice.quality.expectations import SuiteContent, gold_expectations, totals_expectations
 from sluice.quality.frames import BRONZE_SUFFIX, OutputFrame, gold_frame, totals_frame
@@ -72,8 +73,6 @@ _DATASOURCE = "sluice_dq"
 _TOTALS_ASSET = "window_totals"
 _GOLD_ASSET = "gold_rows"
 _TOTALS_PER_WINDOW = "totals_per_window"  # the suite of many windows' totals, a row each
-
-Window = tuple[datetime, datetime]
 
 
 @dataclass(frozen=True)
