@@ -21,7 +21,7 @@ import httpx
 import psutil
 import pytest
 
-from sluice.platform.processes import free_port
+from sluice.core.processes import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 PLAIN_PATH = "/usr/bin:/bin"  # no venv: `airflow` is not on it

@@ -14,7 +14,7 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.platform.processes import free_port as free_port  # the tests import it from here
+from sluice.core.processes import free_port as free_port  # the tests import it from here
 
 REPO = Path(__file__).resolve().parents[2]
 VENV_BIN = Path(sys.executable).parent

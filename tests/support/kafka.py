@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
+from sluice.core.processes import stop_group
 from sluice.platform.kafka_server import start_broker
-from sluice.platform.processes import stop_group
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from sluice.platform.processes import free_port, listening, stop_group
+from sluice.core.processes import free_port, listening, stop_group
 from sluice.platform.s3server import s3proxy_command
 
 ACCESS_KEY = "sluice-test"

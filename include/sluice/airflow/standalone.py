@@ -31,7 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sluice.platform.processes import LOOPBACK_HOSTNAME, Daemon, free_port, stop_all
+from sluice.core.processes import LOOPBACK_HOSTNAME, Daemon, free_port, stop_all
 
 # name: the ``airflow`` command. The log server (LOG_SERVER) serves the scheduler's and the triggerer's logs.
 COMPONENTS = {"api-server": ["api-server"], "scheduler": ["scheduler", "--skip-serve-logs"],

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.core.jars import jar_paths
-from sluice.platform.processes import free_port, listening, stop_group
+from sluice.core.processes import free_port, listening, stop_group
 
 #: The broker's heap: a test broker holds a few small topics (about 330 MB resident at this setting).
 HEAP = "-Xmx512m"

@@ -29,8 +29,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from sluice.core.processes import LOOPBACK_HOSTNAME, Daemon, PlatformError, free_port, listening, wait_until
 from sluice.platform.kafka_server import broker_command, cluster_id, format_command, server_properties
-from sluice.platform.processes import LOOPBACK_HOSTNAME, Daemon, PlatformError, free_port, listening, wait_until
 from sluice.platform.s3server import s3proxy_command
 from sluice.platform.topology import TOPOLOGY, Topology
 
