@@ -3,8 +3,8 @@
 One corpus of lines, typed through ``parse_lines`` + ``classify_invalid`` twice in the same session: with the
 reader and without it. Every column that leaves the parse (each field's JSON type, text and typed value, the
 flags, the quarantine reason and detail) must be equal. The corpus holds the lines the reader answers (flat
-objects of strings, whole numbers, booleans and nulls) and, for each way a line can differ from them, one that
-it must leave to the VARIANT path; a third assertion says which is which, so a reader that answered nothing
+objects of strings, whole numbers, plain decimals, booleans and nulls) and, for each way a line can differ from
+them, one that it must leave to the VARIANT path; a third assertion says which is which, so a reader that answered nothing
 (or everything) fails here too."""
 
 from __future__ import annotations
@@ -45,11 +45,20 @@ ANSWERED = [
     '{"reading_id":"r10","device_id":"d1","event_time":"' + T + '","count":999999999999999999}',
     '{"reading_id":"r12","device_id":"d1","event_time":"' + T + '","count":-0,"note":-0}',
     '{}',
+    # Fractions, as Spark's VARIANT keeps them (a decimal, trailing zeros dropped), on each kind of field.
+    '{"reading_id":"r13","device_id":"d1","event_time":"' + T + '","temperature":21.5,"count":1.0,"note":1.10}',
+    '{"reading_id":1.5,"device_id":"d1","event_time":"' + T + '","temperature":-0.0,"count":2.5,"note":100.000}',
+    '{"reading_id":"r14","device_id":0.05,"event_time":"' + T + '","temperature":-12.340,"count":-0.001}',
+    '{"reading_id":"r15","device_id":"d1","event_time":"' + T + '","temperature":0.000}',
+    '{"reading_id":"r16","device_id":"d1","event_time":"' + T + '","temperature":'
+    + "1234567890123456789012345678901234567.8" + ',"note":0.' + "1" * 38 + '}',  # 38 digits, 38 places
     '\t{"reading_id":"r11","device_id":"d1","event_time":"' + T + '"} ',
 ]
 # Lines the reader leaves to the VARIANT path, one per way a line can differ from the common one.
 LEFT = [
-    '{"reading_id":"r1","device_id":"d1","event_time":"' + T + '","temperature":21.5}',  # a fraction
+    '{"reading_id":"r1","device_id":"d1","event_time":"' + T + '","temperature":'
+    + "1" * 38 + '.5}',  # a fraction of 39 digits (a double in the VARIANT)
+    '{"reading_id":"r1","device_id":"d1","event_time":"' + T + '","temperature":0.' + "0" * 38 + '1}',  # 39 places
     '{"reading_id":"r1","device_id":"d1","event_time":"' + T + '","temperature":1.5e3}',  # an exponent
     '{"reading_id":"r1","device_id":"d1","event_time":"' + T + '","count":1234567890123456789}',  # 19 digits
     '{"reading_id":"r1","device_id":{"id":"d1"},"event_time":"' + T + '"}',  # a nested value
