@@ -212,6 +212,17 @@ def test_gold_equals_that_of_the_same_records_landed_as_files(scenario: Scenario
     assert Counter(r[2] for r in ledger(scenario.kafka))["failed"] == 3  # the late reading's windows
 
 
+def test_a_topics_backlog_closes_in_batch_as_a_folders_does(scenario: Scenario) -> None:
+    # Round one is an hour of backlog (11 windows of 5 minutes), read by one micro-batch: the first cycle computes
+    # its windows in batch (the catch-up), sized from bronze's oldest event, not the batch's newest one.
+    for home in (scenario.kafka, scenario.files):
+        marker = home.checkpoints / "pipelines" / "device_temps" / "catchup.json"
+        assert marker.is_file(), home.home
+        caught_up = json.loads(marker.read_text())
+        assert caught_up["done"]
+        assert datetime.fromisoformat(caught_up["boundary"]) >= BASE + timedelta(minutes=45)
+
+
 def test_sluice_run_reads_the_topic_in_a_process_of_its_own(scenario: Scenario) -> None:
     assert "ingest readings" in scenario.cli_log
     assert "lines=32 accepted=30 quarantined=0 late=1 duplicates=1" in scenario.cli_log

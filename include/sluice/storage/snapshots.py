@@ -13,7 +13,7 @@ import functools
 import json
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
@@ -39,6 +39,8 @@ class LiveFile:
     partition: Mapping[str, Any]  # typed values (date, int): what partition predicates compare
     records: int | None  # numRecords from the log's statistics, when the writer kept them
     size: int
+    # minValues from the log's statistics (typed), for the columns the writer kept them for
+    minimum: Mapping[str, Any] = field(default_factory=dict)
 
 
 def arrow_schema(schema: StructType) -> Any:
@@ -92,7 +94,8 @@ def live_files(path: str, table: DeltaTable | None = None) -> list[LiveFile]:
         return []
     adds = pa.table(table.get_add_actions(flatten=False)).to_pylist()
     files = [LiveFile(unquote(add["path"]), child(path, unquote(add["path"])), dict(add.get("partition") or {}),
-                      None if add.get("num_records") is None else int(add["num_records"]), int(add["size_bytes"]))
+                      None if add.get("num_records") is None else int(add["num_records"]), int(add["size_bytes"]),
+                      dict(add.get("min") or {}))
              for add in adds]
     return files
 

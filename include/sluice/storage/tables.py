@@ -24,7 +24,7 @@ from pyspark.sql.types import (
     TimestampType,
 )
 
-from sluice.core.model import StreamSpec
+from sluice.core.model import EVENT_TIME, StreamSpec
 
 if TYPE_CHECKING:
     from sluice.config import Settings
@@ -272,6 +272,18 @@ def bronze_hours(path: str) -> dict[datetime, int]:
         if hour is not None:
             hours[hour] = hours.get(hour, 0) + (file.records or 0)
     return hours
+
+
+def first_event_time(path: str) -> datetime | None:
+    """The earliest event time a bronze table holds (heartbeats included), from the file statistics in the
+    Delta log, or a file's event hour where the writer kept none: no data file is read. None when empty."""
+    from sluice.storage.snapshots import live_files
+
+    firsts = []
+    for file in live_files(path):
+        first = file.minimum.get(EVENT_TIME)
+        firsts.append(first.astimezone(UTC) if isinstance(first, datetime) else partition_hour(file.partition))
+    return min((f for f in firsts if f is not None), default=None)
 
 
 def hours_overlapping(lo: datetime | None, hi: datetime | None) -> Callable[[Mapping[str, Any]], bool]:

@@ -33,6 +33,7 @@ from sluice.core.windows import Window
 from sluice.ingest.state import load_state
 from sluice.ingest.substreams import KEY, minus, stored_maxima
 from sluice.runtime.context import RunContext
+from sluice.storage import tables
 from sluice.streaming.batch import (
     CATCHUP,
     CatchUp,
@@ -301,13 +302,13 @@ class BatchClose:
         if watermark is None:
             return None
         boundary = watermark - self.pipeline.lateness_bound
-        # The oldest data any stream has accepted: its files' max event times bound it from above, which
-        # is close enough to size the backlog.
+        # The oldest event any stream has accepted, from bronze's file statistics. Not from the ingest batches:
+        # they keep only their newest event time, and a topic's backlog arrives as one micro-batch.
         oldest = [
-            r.max_event_time
+            first
             for s in self.pipeline.streams
-            for r in load_state(self.settings, s).rows
-            if r.accepted and r.max_event_time is not None
+            if (first := tables.first_event_time(tables.bronze(self.settings.stream(s)).path(self.settings)))
+            is not None
         ]
         if not oldest:
             return None
