@@ -4,8 +4,8 @@ One corpus of lines, typed through ``parse_lines`` + ``classify_invalid`` twice 
 reader and without it. Every column that leaves the parse (each field's JSON type, text and typed value, the
 flags, the quarantine reason and detail) must be equal. The corpus holds the lines the reader answers (flat
 objects of strings, whole numbers, plain decimals, booleans and nulls) and, for each way a line can differ from
-them, one that it must leave to the VARIANT path; a third assertion says which is which, so a reader that answered nothing
-(or everything) fails here too."""
+them, one that it must leave to the VARIANT path; a third assertion says which is which, so a reader that
+answered nothing (or everything) fails here too."""
 
 from __future__ import annotations
 
