@@ -27,6 +27,7 @@ from sluice.ingest.run import run_ingest
 from sluice.ingest.state import load_state
 from sluice.ingest.topics import TopicChanged
 from sluice.runtime.context import open_run
+from sluice.runtime.spark import JIT_OPTIONS
 from support.kafka import Delivered, KafkaBroker, kafka_pipelines
 from support.lake import cycle, table, table_snapshot
 from support.shell import user_shell
@@ -73,11 +74,16 @@ def produce(kafka: KafkaBroker, topic: str, records: list[tuple[int, bytes | str
     return out
 
 
-def cli_run(settings: Settings, pipeline: str, now: datetime, env: dict[str, str]) -> str:
-    """``sluice run`` as a user runs it, in a process (and a Spark driver) of its own. It exits 2: the windows of
-    round two's late reading fail their lateness check (SPEC 5)."""
+def cli_run(settings: Settings, pipeline: str, now: datetime, env: dict[str, str], events: Path) -> str:
+    """``sluice run`` as a user runs it, in a process (and a Spark driver) of its own, with Spark's event log in
+    ``events``. It exits 2: the windows of round two's late reading fail their lateness check (SPEC 5)."""
+    conf = events.parent / "spark-conf"
+    conf.mkdir()
+    (conf / "spark-defaults.conf").write_text(
+        f"spark.eventLog.enabled true\nspark.eventLog.dir {events.as_uri()}\nspark.eventLog.compress false\n")
+    events.mkdir()
     shell = {**user_shell(), "SLUICE_HOME": str(settings.home), "SLUICE_PIPELINES": str(settings.pipelines_path),
-             **env}
+             "SPARK_CONF_DIR": str(conf), **env}
     done = subprocess.run([sys.executable, "-m", "sluice.cli", "run", pipeline, "--now", now.isoformat()],
                           env=shell, capture_output=True, text=True, timeout=600)
     assert done.returncode == 2, done.stdout[-3000:] + done.stderr[-5000:]
@@ -89,9 +95,9 @@ class Scenario:
     per Kafka micro-batch, with the batch's last arrival time as the file's."""
 
     def __init__(self, kafka_home: Settings, files_home: Settings, topic: str, delivered: list[Delivered],
-                 cli_log: str) -> None:
-        self.kafka, self.files, self.topic, self.delivered, self.cli_log = (
-            kafka_home, files_home, topic, delivered, cli_log)
+                 cli_log: str, cli_events: Path) -> None:
+        self.kafka, self.files, self.topic, self.delivered, self.cli_log, self.cli_events = (
+            kafka_home, files_home, topic, delivered, cli_log, cli_events)
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +113,7 @@ def scenario(spark: SparkSession, kafka: KafkaBroker, tmp_path_factory: pytest.T
     kafka_home = cycle(spark, kafka_home, "device_temps", now_one)
     delivered += produce(kafka, topic, round_two())
     now_two = datetime.now(UTC)
-    cli_log = cli_run(kafka_home, "device_temps", now_two, env)
+    cli_log = cli_run(kafka_home, "device_temps", now_two, env, root / "cli-events")
     # Idle: a heartbeat closes the last windows.
     idle = datetime.now(UTC) + timedelta(hours=1)
     kafka_home = cycle(spark, kafka_home, "device_temps", idle)
@@ -139,7 +145,7 @@ def scenario(spark: SparkSession, kafka: KafkaBroker, tmp_path_factory: pytest.T
             files_home = cycle(spark, files_home, "device_temps", now_one)
     files_home = cycle(spark, files_home, "device_temps", now_two, quality=True)  # as `sluice run` does
     files_home = cycle(spark, files_home, "device_temps", idle)
-    return Scenario(kafka_home, files_home, topic, delivered, cli_log)
+    return Scenario(kafka_home, files_home, topic, delivered, cli_log, root / "cli-events")
 
 
 def test_each_micro_batch_is_one_row_named_by_its_offset_ranges_and_every_record_is_accounted_for(
@@ -227,6 +233,18 @@ def test_sluice_run_reads_the_topic_in_a_process_of_its_own(scenario: Scenario) 
     assert "ingest readings" in scenario.cli_log
     assert "lines=32 accepted=30 quarantined=0 late=1 duplicates=1" in scenario.cli_log
     assert "lateness:dlq_share_within_threshold" in scenario.cli_log
+
+
+def test_sluice_run_of_an_increment_starts_its_jvm_as_one(scenario: Scenario) -> None:
+    # Round two is a few records: the cycle knows it from the topic's offsets before its JVM starts, and compiles
+    # with C1 only (runtime.spark.JIT_OPTIONS), as Spark's own record of the driver's settings shows.
+    logs = list(scenario.cli_events.rglob("events_*"))
+    assert len(logs) == 1, logs
+    environment = next(e for e in map(json.loads, logs[0].read_text().splitlines())
+                       if e["Event"] == "SparkListenerEnvironmentUpdate")
+    properties = environment["Spark Properties"]
+    options = dict(properties if isinstance(properties, list) else properties.items())["spark.driver.extraJavaOptions"]
+    assert options.split("log4j2.properties ", 1)[1].startswith(JIT_OPTIONS["increment"])
 
 
 # -- retention and recreated topics ------------------------------------------------------------------------

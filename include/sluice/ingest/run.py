@@ -60,6 +60,8 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     # Each stream's place in the write order (see above); an estimate from a listing is enough to order by.
     new_bytes = [stream_ingest(ctx, ctx.settings.stream(name)).new_bytes() for name in streams]
     order = sorted(range(len(streams)), key=lambda i: (new_bytes[i], i))
+    # And, before any stream starts Spark, the kind of JVM this cycle needs (RunContext.expect).
+    ctx.expect(sum(new_bytes))
     rank = {index: place for place, index in enumerate(order)}
 
     def wait_for_earlier(index: int) -> Callable[[], None]:

@@ -40,8 +40,8 @@ class RunContext:
     session: SparkSession | None = None
     #: The Spark application's name when the context starts the session (``sluice-<pipeline>``).
     app_name: str = "sluice"
-    #: The kind of run when the context starts the session: ``cycle`` or ``backfill`` (its JIT settings,
-    #: :data:`sluice.runtime.spark.JIT_OPTIONS`).
+    #: The kind of run when the context starts the session: ``cycle``, ``increment`` or ``backfill`` (its JIT
+    #: settings, :data:`sluice.runtime.spark.JIT_OPTIONS`); a cycle becomes an increment in :meth:`expect`.
     work: str = "cycle"
     _ledgers: dict[str | None, Ledger] = field(default_factory=dict, repr=False)
 
@@ -67,6 +67,16 @@ class RunContext:
 
                 self.session = get_spark(self.settings, self.app_name, work=self.work)
         return self.session
+
+    def expect(self, new_bytes: int) -> None:
+        """What a cycle is about to read, before it first needs Spark: a cycle of at most
+        :data:`~sluice.runtime.spark.INCREMENT_BYTES` of new data starts its session as an ``increment``. No effect
+        once the session runs (the edge's own, or a spark-submit's JVM) or for other kinds of run."""
+        from sluice.runtime.spark import INCREMENT_BYTES
+
+        with _STARTING:
+            if self.session is None and self.work == "cycle" and new_bytes <= INCREMENT_BYTES:
+                self.work = "increment"
 
     @cached_property
     def engine(self) -> DeltaEngine:

@@ -106,17 +106,23 @@ LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 #   (the Kafka case's catch-up of 1M records: 54-55 s -> 49 s).
 # - A backfill runs C1 only: its Spark SQL aggregations over bronze last seconds each, and C2's compiles did
 #   not pay back within the run (a backfill of the 1M day: 27.2-27.5 s -> 23.0-23.2 s).
+# - So does an increment: a cycle whose streams hold at most INCREMENT_BYTES of new data when it starts
+#   (RunContext.expect). Its every Spark job is a first one, and nothing in it gets hot enough for C2 to pay.
 JIT_OPTIONS: dict[str, str] = {
     "cycle": "-XX:-DontCompileHugeMethods -XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
              "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000",
+    "increment": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
     "backfill": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
 }
+# New data up to this size (a listing's bytes, or a topic's new records at KAFKA_RECORD_BYTES each) makes a cycle
+# an increment: a scheduled 15-minute increment is a few MB, a day's catch-up hundreds.
+INCREMENT_BYTES = 32 << 20
 
 
 def log_conf(work: str = "cycle") -> dict[str, str]:
     """Spark's JVM logging as sluice ships it (``log4j2.properties`` beside this module: warnings and errors,
     without start-up chatter and known-harmless noise), the JIT settings of the run's ``work``
-    (:data:`JIT_OPTIONS`: ``cycle`` or ``backfill``), and the machine's class-data archive
+    (:data:`JIT_OPTIONS`: ``cycle``, ``increment`` or ``backfill``), and the machine's class-data archive
     (:mod:`sluice.core.class_data`) when it has one. Takes effect only when this process starts the driver
     JVM; a spark-submit run needs the same setting as one of spark-submit's ``--conf``. Left out when the user
     configured the driver's Java options (PYSPARK_SUBMIT_ARGS) or Spark's logging (a log4j2.properties in
