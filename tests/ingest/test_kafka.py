@@ -113,7 +113,8 @@ def scenario(spark: SparkSession, kafka: KafkaBroker, tmp_path_factory: pytest.T
     kafka_home = cycle(spark, kafka_home, "device_temps", now_one)
     delivered += produce(kafka, topic, round_two())
     now_two = datetime.now(UTC)
-    cli_log = cli_run(kafka_home, "device_temps", now_two, env, root / "cli-events")
+    cli_events = root / "cli-events"
+    cli_log = cli_run(kafka_home, "device_temps", now_two, env, cli_events)
     # Idle: a heartbeat closes the last windows.
     idle = datetime.now(UTC) + timedelta(hours=1)
     kafka_home = cycle(spark, kafka_home, "device_temps", idle)
@@ -145,7 +146,7 @@ def scenario(spark: SparkSession, kafka: KafkaBroker, tmp_path_factory: pytest.T
             files_home = cycle(spark, files_home, "device_temps", now_one)
     files_home = cycle(spark, files_home, "device_temps", now_two, quality=True)  # as `sluice run` does
     files_home = cycle(spark, files_home, "device_temps", idle)
-    return Scenario(kafka_home, files_home, topic, delivered, cli_log, root / "cli-events")
+    return Scenario(kafka_home, files_home, topic, delivered, cli_log, cli_events)
 
 
 def test_each_micro_batch_is_one_row_named_by_its_offset_ranges_and_every_record_is_accounted_for(

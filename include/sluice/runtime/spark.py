@@ -108,11 +108,12 @@ LOG4J2_PROPERTIES = Path(__file__).with_name("log4j2.properties")
 #   not pay back within the run (a backfill of the 1M day: 27.2-27.5 s -> 23.0-23.2 s).
 # - So does an increment: a cycle whose streams hold at most INCREMENT_BYTES of new data when it starts
 #   (RunContext.expect). Its every Spark job is a first one, and nothing in it gets hot enough for C2 to pay.
+_C1_ONLY = "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1"
 JIT_OPTIONS: dict[str, str] = {
     "cycle": "-XX:-DontCompileHugeMethods -XX:Tier4InvocationThreshold=50000 -XX:Tier4MinInvocationThreshold=6000 "
              "-XX:Tier4CompileThreshold=150000 -XX:Tier4BackEdgeThreshold=400000",
-    "increment": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
-    "backfill": "-XX:-DontCompileHugeMethods -XX:TieredStopAtLevel=1",
+    "increment": _C1_ONLY,
+    "backfill": _C1_ONLY,
 }
 # New data up to this size (a listing's bytes, or a topic's new records at KAFKA_RECORD_BYTES each) makes a cycle
 # an increment: a scheduled 15-minute increment is a few MB, a day's catch-up hundreds.
