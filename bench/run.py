@@ -927,7 +927,7 @@ class Bench:
                     continue
                 before = home_state(home)
                 # The logical date is `now` itself: the run's data interval ends at the last 15-min tick
-                # before it (the increment's end). SLUICE_NOW wins over the interval (factory.with_clock), so
+                # before it (the increment's end). SLUICE_NOW wins over the interval (operators.with_clock), so
                 # the DAG's clock is exactly the CLI cycles' clock.
                 run = self.record("dag_run", per_increment, j,
                                   [str(bindir / "airflow"), "dags", "test", PIPELINE, now],

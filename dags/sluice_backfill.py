@@ -28,7 +28,8 @@ from __future__ import annotations
 import pendulum
 from airflow.sdk import Param, dag, task
 
-from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS, SluiceGoldOperator, gold_assets, job
+from sluice.airflow.factory import DEFAULT_ARGS, GOLD_ALIAS
+from sluice.airflow.operators import SluiceGoldOperator, gold_assets, job
 from sluice.airflow.outcomes import check_quality_task, send_alerts_task
 from sluice.config import load_settings
 

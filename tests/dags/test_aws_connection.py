@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from sluice.airflow.credentials import aws_env, connection_env, task_settings
-from sluice.airflow.factory import spark_env
+from sluice.airflow.operators import spark_env
 from sluice.config import load_settings
 from sluice.storage import snapshots
 from sluice.storage.engine import OpsDeltaEngine

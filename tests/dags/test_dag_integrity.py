@@ -65,7 +65,7 @@ def test_pipeline_dag_matches_its_definition(dagbag: Any, pipeline: str) -> None
     assert dag.get_task("run_cycle").outlets == alias and dag.get_task("reprocess_interval").outlets == alias
     # The gold Assets are known to Airflow as check_quality's inlets (it reads them), so that the alias's events
     # find them: without, each event logs "AssetModel ... not found; cannot create asset event" (issue 53).
-    from sluice.airflow.factory import gold_assets
+    from sluice.airflow.operators import gold_assets
 
     assert dag.get_task("check_quality").inlets == gold_assets(definition)
     assert dag.get_task("run_cycle").clock_from_data_interval
@@ -126,7 +126,7 @@ def test_pipeline_dags_come_from_one_factory_file(dagbag: Any) -> None:
 
 
 def test_spark_tasks_use_existing_job_files(dagbag: Any) -> None:
-    from sluice.airflow.factory import SluiceSparkSubmitOperator
+    from sluice.airflow.operators import SluiceSparkSubmitOperator
 
     spark_tasks = [t for dag in dagbag.dags.values() for t in dag.tasks if isinstance(t, SluiceSparkSubmitOperator)]
     assert len(spark_tasks) == 3 * len(PIPELINES) + 1  # run_cycle, check_quality, reprocess_interval; backfill

@@ -53,7 +53,7 @@ def test_a_defined_spark_default_is_used(
 
 def test_a_broken_secrets_backend_fails_loudly_instead_of_running_locally(tmp_path: Path) -> None:
     script = textwrap.dedent('''
-        from sluice.airflow.factory import connection_defined
+        from sluice.airflow.operators import connection_defined
         print("defined" if connection_defined("spark_default") else "not defined")
     ''')
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW_CONN_")}
