@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -52,6 +53,26 @@ def test_generate_then_status_without_spark(tmp_path: Path) -> None:
     assert status.returncode == 0, status.stderr
     assert "streams (where every line went)" in status.stdout
     assert "ad_clicks_hourly" in status.stdout
+
+
+def test_the_installed_command_ends_at_once_with_its_whole_output_and_its_exit_code(tmp_path: Path) -> None:
+    """``sluice`` (the console script) ends its process without Python's teardown once a command returns: the
+    document still reaches a pipe whole, the log lines reach stderr, and the exit code is the command's."""
+    command = Path(sys.executable).with_name("sluice")
+    env = {**os.environ, "SLUICE_HOME": str(tmp_path)}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(command), *args], env=env, capture_output=True, text=True, timeout=120)
+
+    generated = run("generate", "--hours", "1", "--streams", "events", "--seed", "3")
+    assert generated.returncode == 0, generated.stderr
+    status = run("status", "--json")
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)  # the whole document, up to its last brace
+    assert "user_activity_hourly" in json.dumps(document)
+    failed = run("run", "ad_clicks_daily", "--now", "2024-05-01T00:00:00Z")
+    assert failed.returncode == 1
+    assert "sluice: error: unknown pipeline 'ad_clicks_daily'" in failed.stderr, failed.stderr
 
 
 # -- wrong configuration and parameters: one line naming the key or path, no traceback (issue 14) ---------

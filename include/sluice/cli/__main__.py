@@ -1,7 +1,5 @@
 """`python -m sluice.cli`."""
 
-import sys
+from sluice.cli.main import console
 
-from sluice.cli.main import main
-
-sys.exit(main())
+console()

@@ -19,6 +19,7 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
 from sluice.cli.alert_commands import cmd_alerts
 from sluice.cli.common import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, Output
@@ -27,7 +28,7 @@ from sluice.cli.window_commands import cmd_backfill, cmd_retry
 from sluice.config import ConfigError
 from sluice.core import logsetup
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "console", "main"]
 
 log = logging.getLogger("sluice")
 
@@ -148,5 +149,25 @@ def _reader_gone(code: int) -> int:
     return code
 
 
+def console() -> NoReturn:
+    """The ``sluice`` command (and ``python -m sluice.cli``): :func:`main`, then the process ends at once.
+
+    Once a command has returned, everything it did is committed and its output is written. What Python would
+    still do is tear down its modules, and a command that imported Great Expectations, pandas, PyArrow, delta-rs
+    and PySpark spent 0.6-0.7 s on that after its last line (measured 2026-12-06: 0.67 s for those imports
+    alone, 0.02 s without the teardown). The Spark JVM, sluice's child, ends on its own when this process does,
+    as it would after a normal exit. :func:`main` itself returns, for the tests and ``jobs/sluice_job.py``."""
+    exit_now(main())
+
+
+def exit_now(code: int) -> NoReturn:
+    """Flush the logs and both streams, then end the process with ``code``, skipping Python's teardown."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a reader that went away, a stream already closed
+            stream.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console()
