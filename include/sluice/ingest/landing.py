@@ -250,13 +250,19 @@ class StreamIngest:
     def _run_query(self) -> None:
         """The stream's ingest query, availableNow: each micro-batch of :meth:`_records` to
         :meth:`_micro_batches`, its offsets in the stream's checkpoint."""
+        records, batches = self._records(), self._micro_batches()
         query = (
-            self._records().writeStream.queryName(f"sluice_ingest_{self.spec.name}")
+            records.writeStream.queryName(f"sluice_ingest_{self.spec.name}")
             .option("checkpointLocation", self.checkpoint)
             .trigger(availableNow=True)
-            .foreachBatch(self._micro_batches().process_batch)
+            .foreachBatch(batches.process_batch)
             .start()
         )
+        # This thread only waits for the query: meanwhile, it analyses the batch's plans ahead of it.
+        try:
+            batches.warm_up(records.schema)
+        except Exception:  # only a head start: the batch analyses the same plans, and reports what fails there
+            log.debug("%s: analysing the batch's plans ahead failed", self.spec.name, exc_info=True)
         query.awaitTermination()
 
     def _micro_batches(self) -> MicroBatchIngest:

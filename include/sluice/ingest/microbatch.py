@@ -32,7 +32,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame, Row, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, TimestampType
+from pyspark.sql.types import StringType, StructType, TimestampType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
@@ -124,6 +124,28 @@ class MicroBatchIngest:
         # A Kafka stream's micro-batches (sluice.ingest.kafka): the unit is the whole micro-batch, not a file.
         self._topic = topic
 
+    def warm_up(self, schema: StructType) -> None:
+        """Analyse a batch's parse, checks and dedup on an empty frame of the records' ``schema``, while the ingest
+        query plans its first micro-batch. A JVM loads, links and compiles the analyser's code for these hundred-odd
+        expressions the first time it meets them: done here, beside the query's offsets and planning, the batch
+        finds that done (bench/README, "What each change bought")."""
+        empty = local_frame(self.spark, [], schema).withColumn(LINE_ID, F.monotonically_increasing_id())
+        classified = self._classify(empty)
+        state = load_state(self.settings, self.spec.name)
+        earlier = any(r.accepted or r.late for r in state.rows)
+        seen = seen_ids(self.engine, self.settings, self.spec, state, state.last_batch_id + 1) if earlier else None
+        order = self._topic.order if self._topic is not None else None
+        classified.transform(mark_duplicates(duplicate_lines(classified, seen, self.spec, LINE_ID, order=order),
+                                             LINE_ID))
+
+    def _classify(self, df: DataFrame) -> DataFrame:
+        """The lines parsed and checked, without the parse's and checks' columns that nothing after them reads (not
+        cached, and not shuffled by dedup)."""
+        spec = self.spec
+        spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
+                 "_bad_encoding", "_blank", "_malformed"]
+        return df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent)
+
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
         state = load_state(self.settings, self.spec.name)
         if self._topic is not None:
@@ -149,11 +171,7 @@ class MicroBatchIngest:
         first_id = existing[0].batch_id if existing else state.last_batch_id + 1
         prior = state.before(first_id)
         # Parsed once: the batch's ids are taken from it for the dedup look-up, and it is then marked.
-        # Parse and classify columns that nothing after them reads: not cached, and not shuffled by dedup.
-        spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
-                 "_bad_encoding", "_blank", "_malformed"]
-        classified = df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent).persist(
-            StorageLevel.MEMORY_AND_DISK)
+        classified = self._classify(df).persist(StorageLevel.MEMORY_AND_DISK)
         try:
             # No earlier batch accepted or dead-lettered a record (a new stream): no id was seen before.
             earlier = any(r.accepted or r.late for r in prior.rows)
