@@ -27,19 +27,19 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, Row, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructType, TimestampType
+from pyspark.sql.types import StringType, StructType
 
 from sluice.config import Settings
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.spark import collected_utc, local_frame
 from sluice.ingest.dedup import duplicate_lines, mark_duplicates, seen_ids
 from sluice.ingest.files import source_key
-from sluice.ingest.parsing import BLANK, classify_invalid, malformed_detail, parse_lines
+from sluice.ingest.parsing import BLANK, MALFORMED, classify_invalid, malformed_detail, parse_lines
+from sluice.ingest.rejects import write_rejects
 from sluice.ingest.state import BatchRow, StreamState, app_id, load_state, ops_rows
 from sluice.ingest.substreams import KEY, judge_by_substream, record_maxima
 from sluice.ingest.time_rules import file_watermarks
@@ -63,7 +63,6 @@ DRIVER_WRITE_ROWS = 10_000
 # unique in the batch, consecutive within a split (set first thing in process_batch). See the module docstring.
 BLOCK_START = "_block_start"
 LINE_ID = "_line_id"
-MALFORMED = "malformed_json"
 
 
 @dataclass
@@ -471,41 +470,10 @@ class MicroBatchIngest:
                 F.col("reason").alias("_q_reason"), F.col("detail").alias("_q_detail"),
                 F.col("_line").alias("_q_line"), "_status",
             )
-            self._write_rows_on_driver(side.collect(), appid, last_id, meta)
+            write_rejects(self.engine, self.settings, spec, side.collect(), appid, last_id, meta)
         if spec.substream is not None and totals["accepted"]:
             # After bronze: the state of the batches to come (a replay of this group reads the rows before it).
             record_maxima(self.settings, self.engine, spec, final.filter(F.col("_status") == "accepted"), last_id,
                           appid, meta)
         for row in rows:
             self._report(row)
-
-    def _write_rows_on_driver(self, collected: list[Row], appid: str, version: int, meta: dict[str, Any]) -> None:
-        """Quarantine and DLQ rows of a batch, collected, written as the Spark writes would lay them out:
-        one file per table, rows in (batch, line number) and (batch, id) order."""
-        by_status: dict[str, list[dict[str, Any]]] = {"quarantined": [], "late": []}
-        for row in collected:
-            record = row.asDict()
-            if record["_status"] == "quarantined":
-                reason = record["_q_reason"]
-                record = {**{k: record[k] for k in ("raw", "source_file", "arrival_time", "ingest_batch_id")},
-                          "reason": reason, "line_number": record["_q_line"],
-                          "detail": malformed_detail(record["raw"]) if reason == MALFORMED else record["_q_detail"]}
-            by_status[row["_status"]].append(record)
-        id_field = self.spec.id_field
-        for table, records, key in (
-            (self.quarantine, by_status["quarantined"], lambda r: (r["ingest_batch_id"], r["line_number"])),
-            (self.dlq, by_status["late"], lambda r: (r["ingest_batch_id"], r[id_field])),
-        ):
-            if not records:
-                continue
-            schema = table.schema
-            stamps = [f.name for f in schema.fields if isinstance(f.dataType, TimestampType)]
-            for record in records:
-                for name in stamps:
-                    if record[name] is not None:
-                        record[name] = collected_utc(record[name])
-            self.engine.append_rows(
-                [tuple(r[n] for n in schema.names) for r in sorted(records, key=key)], schema,
-                table.path(self.settings), app_id=appid, version=version, metadata=meta,
-            )
-

@@ -34,6 +34,8 @@ BAD_ENCODING_DETAIL = "line is not valid UTF-8; raw holds its bytes base64-encod
 #: The reason of a blank line (empty, or JSON whitespace only): no record, as in Spark's JSON reader. Internal:
 #: never stored in quarantine; the line counts in ``ops/ingest_batches.skipped``, not in ``lines``.
 BLANK = "blank_line"
+#: The reason of a line that is not one JSON object; its detail is what the parser said (:func:`malformed_detail`).
+MALFORMED = "malformed_json"
 # JSON's whitespace (RFC 8259): what Spark's JSON reader (Jackson) skips before a value.
 BLANK_LINE = r"^[ \t\r\n]*$"
 
@@ -224,7 +226,7 @@ def classify_invalid(spec: StreamSpec) -> Any:
         reason = (
             F.when(F.col("_blank"), BLANK)
             .when(F.col("_bad_encoding"), "bad_encoding")
-            .when(F.col("_malformed"), "malformed_json")
+            .when(F.col("_malformed"), MALFORMED)
             .when(any_missing, "missing_field")
             .when(event_time.isNull() | too_old, "bad_timestamp")
             .when(any_of(bad_ts), "bad_timestamp")
