@@ -22,6 +22,11 @@ Window = tuple[datetime, datetime]
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
+def epoch_micros(ts: datetime) -> int:
+    """An aware time as whole microseconds since the epoch (exact; negative before it)."""
+    return (ts - EPOCH) // timedelta(microseconds=1)
+
+
 def first_window_start_at_or_after(ts: datetime, slide: timedelta) -> datetime:
     """The earliest window start ``>= ts`` on the epoch-aligned grid of ``slide``. ``ts`` must be aware."""
     if ts.tzinfo is None or ts.utcoffset() is None:
@@ -102,7 +107,7 @@ class WindowSpec:
         grid from the epoch)."""
         slide_us = self.slide // timedelta(microseconds=1)
         size_us = self.size // timedelta(microseconds=1)
-        after_us = (after - EPOCH) // timedelta(microseconds=1)
+        after_us = epoch_micros(after)
         k = (after_us - size_us) // slide_us + 1
         return EPOCH + timedelta(microseconds=k * slide_us + size_us)
 

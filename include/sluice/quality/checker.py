@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ from sluice.core.checks import Completeness
 from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
 from sluice.core.spark import collected_utc, local_frame
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
-from sluice.core.windows import EPOCH, Window
+from sluice.core.windows import Window, epoch_micros
 from sluice.quality.site import docs_site
 from sluice.runtime.context import RunContext
 from sluice.storage import tables
@@ -80,10 +80,6 @@ class QualityReport:
 MAX_WINDOW_BUCKETS = 200_000
 
 
-def _micros(t: datetime) -> int:
-    return (t - EPOCH) // timedelta(microseconds=1)
-
-
 def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
     """Rows of ``df`` tagged (``_ws``, ``_we``) with every window of ``windows`` their event time falls in.
 
@@ -95,9 +91,9 @@ def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "ev
     spark = df.sparkSession
     t = F.col(time_column)
     in_bounds = (t >= F.col("_ws")) & (t < F.col("_we"))
-    bucket_us = min(_micros(end) - _micros(start) for start, end in windows)
+    bucket_us = min(epoch_micros(end) - epoch_micros(start) for start, end in windows)
     keyed = [(bucket, start, end) for start, end in windows
-             for bucket in range(_micros(start) // bucket_us, (_micros(end) - 1) // bucket_us + 1)]
+             for bucket in range(epoch_micros(start) // bucket_us, (epoch_micros(end) - 1) // bucket_us + 1)]
     if len(keyed) > MAX_WINDOW_BUCKETS:  # windows far longer than the shortest: the bounds alone
         return df.join(F.broadcast(local_frame(spark, windows, "_ws timestamp, _we timestamp")), in_bounds)
     bounds = local_frame(spark, keyed, "_bucket long, _ws timestamp, _we timestamp")

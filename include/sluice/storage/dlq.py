@@ -13,7 +13,7 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -21,12 +21,11 @@ import pyarrow.parquet as pq
 
 from sluice.config import Settings
 from sluice.core.model import PipelineDef
-from sluice.core.windows import Window
+from sluice.core.windows import Window, epoch_micros
 from sluice.storage import snapshots, tables
 from sluice.storage.state import lake_state
 
 _LOCK = threading.Lock()
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 def dlq_paths(settings: Settings, pipeline: PipelineDef) -> dict[str, str]:
@@ -58,7 +57,7 @@ class DlqSnapshot:
         """DLQ records per window (event_time in [start, end)); windows without any are left out."""
         out = {}
         for window in windows:
-            lo, hi = ((t - _EPOCH) // timedelta(microseconds=1) for t in window)
+            lo, hi = (epoch_micros(t) for t in window)
             n = sum(count for start, count in self.totals.items() if lo <= start < hi)
             if n:
                 out[window] = n
