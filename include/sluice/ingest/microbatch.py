@@ -122,10 +122,15 @@ class MicroBatchIngest:
         self._before_commit = before_commit or (lambda: None)
         # A Kafka stream's micro-batches (sluice.ingest.kafka): the unit is the whole micro-batch, not a file.
         self._topic = topic
+        # The parse and the checks, their column expressions built once for every batch of the run (by the
+        # warm-up, or the first batch): about a second of calls into the JVM each time.
+        self._parse = parse_lines(spec)
+        self._check = classify_invalid(spec)
 
     def warm_up(self, schema: StructType) -> None:
-        """Analyse a batch's parse, checks and dedup on an empty frame of the records' ``schema``, while the ingest
-        query plans its first micro-batch. A JVM loads, links and compiles the analyser's code for these hundred-odd
+        """Build a batch's parse and checks, and analyse them and the dedup on an empty frame of the records'
+        ``schema``, while the ingest query plans its first micro-batch. Building the expressions takes about a
+        second of calls into the JVM, and a JVM loads, links and compiles the analyser's code for these hundred-odd
         expressions the first time it meets them: done here, beside the query's offsets and planning, the batch
         finds that done (bench/README, "What each change bought")."""
         empty = local_frame(self.spark, [], schema).withColumn(LINE_ID, F.monotonically_increasing_id())
@@ -143,7 +148,7 @@ class MicroBatchIngest:
         spec = self.spec
         spent = [*(f"_t_{f}" for f in spec.fields), *(f"_s_{f}" for f in spec.fields if f != spec.id_field),
                  "_bad_encoding", "_blank", "_malformed"]
-        return df.transform(parse_lines(spec)).transform(classify_invalid(spec)).drop(*spent)
+        return df.transform(self._parse).transform(self._check).drop(*spent)
 
     def process_batch(self, df: DataFrame, spark_batch_id: int) -> None:
         state = load_state(self.settings, self.spec.name)

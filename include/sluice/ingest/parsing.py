@@ -15,6 +15,7 @@ every line.
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 from pyspark.sql import Column, DataFrame
@@ -71,42 +72,60 @@ def parse_lines(spec: StreamSpec, line_scan: bool | None = None) -> Any:
     When the session has sluice's line reader (:mod:`sluice.core.line_scan`; ``line_scan`` overrides, for
     the tests that hold both paths to the same answers), the common line (a flat object of strings, whole
     numbers, booleans and nulls) gets its types and texts from it, and only the other lines are parsed as a
-    VARIANT: the same columns, at a fifth of the cost."""
+    VARIANT: the same columns, at a fifth of the cost.
+
+    The returned transform builds its column expressions on first use and applies the same ones to every
+    frame after that: building them takes thousands of calls into the JVM, about a second, which a stream's
+    ingest would otherwise pay again in every micro-batch."""
+    built: dict[bool, tuple[list[list[Column]], list[str]]] = {}
+    lock = threading.Lock()
 
     def transform(df: DataFrame) -> DataFrame:
         use_scan = scan_registered(df.sparkSession) if line_scan is None else line_scan
-        utf8 = F.is_valid_utf8("raw")
-        if use_scan:
-            names = F.array(*[F.lit(spec.json_name(f)) for f in spec.fields])
-            df = df.select("*", F.when(utf8, F.call_function(SCAN_FUNCTION, F.col("raw"), names)).alias("_scan"))
-            scanned = F.col("_scan").isNotNull()
-        else:
-            df = df.select("*", F.lit(None).cast("array<string>").alias("_scan"))
-            scanned = F.lit(False)
-        # The parse first, in a projection of its own that the flags below read: written into each flag, it ran
-        # once per reference (three times a line), in a projection Spark could not compile (the bracket walk).
-        # A line the reader answered is not parsed again.
-        df = df.select("*", F.when(utf8 & ~scanned, F.try_parse_json("raw")).alias("_doc"),
-                       (~utf8).alias("_bad_encoding"))
-        doc, valid = F.col("_doc"), ~F.col("_bad_encoding")
-        not_one_object = doc.isNull() | ~F.col("raw").rlike(r"^\s*\{") | _trailing_content(F.col("raw"))
-        # Only a line that does not parse is tested for blankness (`And` stops at the first false).
-        blank = valid & ~scanned & doc.isNull() & F.col("raw").rlike(BLANK_LINE)
-        df = df.select("*", blank.alias("_blank"), (valid & ~scanned & not_one_object).alias("_malformed"))
-        df = df.select("*", *[F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
-                              for f in spec.fields])
-        df = df.select("*", *[F.when(scanned, F.col("_scan")[2 * i]).otherwise(F.schema_of_variant(f"_j_{f}"))
-                              .alias(f"_t_{f}") for i, f in enumerate(spec.fields)])
-        # A double's value, in a column of its own: written into its canonical text it was read eight times
-        # a field, and the generated code grew too large for the JIT to compile.
-        df = df.select("*", *[F.when(F.col(f"_t_{f}") == "DOUBLE", F.variant_get(f"_j_{f}", "$", "double"))
-                              .alias(f"_d_{f}") for f in spec.fields])
-        df = df.select("*", *[F.when(scanned, F.col("_scan")[2 * i + 1]).otherwise(_text(f)).alias(f"_s_{f}")
-                              for i, f in enumerate(spec.fields)])
-        values = [typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME]
-        return df.select("*", *values).drop("_doc", "_scan", *[f"_{p}_{f}" for p in "jd" for f in spec.fields])
+        with lock:  # a batch that starts while its ingest's warm-up builds them waits for those
+            if use_scan not in built:
+                built[use_scan] = _parse_steps(spec, use_scan)
+        steps, spent = built[use_scan]
+        for columns in steps:
+            df = df.select("*", *columns)
+        return df.drop(*spent)
 
     return transform
+
+
+def _parse_steps(spec: StreamSpec, use_scan: bool) -> tuple[list[list[Column]], list[str]]:
+    """:func:`parse_lines`' projections, in order (each reads the columns of those before it), and the
+    intermediate columns dropped after them."""
+    steps: list[list[Column]] = []
+    utf8 = F.is_valid_utf8("raw")
+    if use_scan:
+        names = F.array(*[F.lit(spec.json_name(f)) for f in spec.fields])
+        steps.append([F.when(utf8, F.call_function(SCAN_FUNCTION, F.col("raw"), names)).alias("_scan")])
+        scanned = F.col("_scan").isNotNull()
+    else:
+        steps.append([F.lit(None).cast("array<string>").alias("_scan")])
+        scanned = F.lit(False)
+    # The parse first, in a projection of its own that the flags below read: written into each flag, it ran
+    # once per reference (three times a line), in a projection Spark could not compile (the bracket walk).
+    # A line the reader answered is not parsed again.
+    steps.append([F.when(utf8 & ~scanned, F.try_parse_json("raw")).alias("_doc"), (~utf8).alias("_bad_encoding")])
+    doc, valid = F.col("_doc"), ~F.col("_bad_encoding")
+    not_one_object = doc.isNull() | ~F.col("raw").rlike(r"^\s*\{") | _trailing_content(F.col("raw"))
+    # Only a line that does not parse is tested for blankness (`And` stops at the first false).
+    blank = valid & ~scanned & doc.isNull() & F.col("raw").rlike(BLANK_LINE)
+    steps.append([blank.alias("_blank"), (valid & ~scanned & not_one_object).alias("_malformed")])
+    steps.append([F.try_variant_get("_doc", _json_path(spec.json_name(f)), "variant").alias(f"_j_{f}")
+                  for f in spec.fields])
+    steps.append([F.when(scanned, F.col("_scan")[2 * i]).otherwise(F.schema_of_variant(f"_j_{f}")).alias(f"_t_{f}")
+                  for i, f in enumerate(spec.fields)])
+    # A double's value, in a column of its own: written into its canonical text it was read eight times
+    # a field, and the generated code grew too large for the JIT to compile.
+    steps.append([F.when(F.col(f"_t_{f}") == "DOUBLE", F.variant_get(f"_j_{f}", "$", "double")).alias(f"_d_{f}")
+                  for f in spec.fields])
+    steps.append([F.when(scanned, F.col("_scan")[2 * i + 1]).otherwise(_text(f)).alias(f"_s_{f}")
+                  for i, f in enumerate(spec.fields)])
+    steps.append([typed_value(spec, f).alias(f"_v_{f}") for f in spec.fields if f != EVENT_TIME])
+    return steps, ["_doc", "_scan", *[f"_{p}_{f}" for p in "jd" for f in spec.fields]]
 
 
 # JSON text with its strings blanked (``"a}b"`` -> ``""``), so that only structure is left. The unrolled,
@@ -181,79 +200,91 @@ def classify_invalid(spec: StreamSpec) -> Any:
     """Assign quarantine reasons (bad_encoding, malformed_json, missing_field, bad_timestamp, bad_type,
     early), in that order, with a ``detail`` that names the field; :data:`BLANK` for a blank line, before
     any of them. The detail of a ``malformed_json`` line is left null here: :func:`malformed_detail` fills it
-    when the line is written to quarantine."""
+    when the line is written to quarantine. Like :func:`parse_lines`' transform, the returned one builds its
+    column expressions once."""
+    built: list[tuple[Column, Column, Column]] = []
+    lock = threading.Lock()
 
     def transform(df: DataFrame) -> DataFrame:
-        def null(f: str) -> Column:
-            jtype = F.col(f"_t_{f}")
-            return jtype.isNull() | (jtype == "VOID")
-
-        def absent(f: str) -> Column:
-            # Blank text counts as missing only where a value is required; in an optional number or
-            # boolean it is text where a number is declared (bad_type), never a silent null.
-            jtype = F.col(f"_t_{f}")
-            return null(f) | ((jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == ""))
-
-        missing = [absent(f) for f in spec.required]
-        missing_names = F.concat_ws(
-            ",", *[F.when(m, F.lit(spec.json_name(f))) for m, f in zip(missing, spec.required, strict=True)]
-        )
-        raw_ts = F.trim(F.col(f"_s_{EVENT_TIME}"))
-        # Computed once, as a column of its own that the reason and the detail read: written into each of their
-        # branches, the timestamp regex and parse ran seven times a line.
-        df = df.withColumn("event_time", F.when(F.col(f"_t_{EVENT_TIME}") == "STRING", _rfc3339(raw_ts)))
-        event_time = F.col("event_time")
-        too_old = event_time < F.lit(EARLIEST_EVENT_TIME)
-        any_missing = F.lit(False)
-        for m in missing:
-            any_missing = any_missing | m
-        # Fields other than event_time whose JSON value the declared type cannot hold.
-        wrong = [(f, ~null(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
-        bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
-        bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
-
-        def first(problems: list[tuple[str, Column]], label: str) -> Column:
-            out = F.lit(None).cast("string")
-            for f, w in reversed(problems):
-                text = F.concat(F.lit(f"{spec.json_name(f)}: "), F.coalesce(F.col(f"_s_{f}"), F.lit("<null>")),
-                                F.lit(f" is not a {label or spec.type_of(f)}"))
-                out = F.when(w, text).otherwise(out)
-            return out
-
-        any_of = lambda problems: F.lit(False) if not problems else F.greatest(  # noqa: E731
-            *[w for _f, w in problems], F.lit(False))
-        early = early_bound(spec)
-        reason = (
-            F.when(F.col("_blank"), BLANK)
-            .when(F.col("_bad_encoding"), "bad_encoding")
-            .when(F.col("_malformed"), MALFORMED)
-            .when(any_missing, "missing_field")
-            .when(event_time.isNull() | too_old, "bad_timestamp")
-            .when(any_of(bad_ts), "bad_timestamp")
-            .when(any_of(bad_type), "bad_type")
-            .when(event_time > early, "early")
-        )
-        # The detail follows the reason, read from its column: a valid line (no reason) evaluates no condition
-        # twice, where the detail's own chain of conditions repeated the reason's for every line.
-        why = F.col("reason")
-        too_old_detail = F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts, F.lit(
-            f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest event time sluice accepts"))
-        detail = (
-            F.when(why.isNull() | why.isin(BLANK, "malformed_json"), None)
-            .when(why == "bad_encoding", BAD_ENCODING_DETAIL)
-            .when(why == "missing_field", F.concat(F.lit("missing: "), missing_names))
-            .when(why == "bad_timestamp",
-                  F.when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
-                                                       F.coalesce(raw_ts, F.lit("<null>"))))
-                  .when(too_old, too_old_detail)
-                  .otherwise(first(bad_ts, "RFC 3339 timestamp")))
-            .when(why == "bad_type", first(bad_type, ""))
-            .when(why == "early", F.concat(F.lit("arrival_time + "), F.lit(str(spec.early_tolerance)),
-                                           F.lit(" exceeded")))
-        )
-        return df.withColumn("reason", reason).withColumn("detail", detail)
+        with lock:
+            if not built:
+                built.append(_check_columns(spec))
+        event_time, reason, detail = built[0]
+        return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
 
     return transform
+
+
+def _check_columns(spec: StreamSpec) -> tuple[Column, Column, Column]:
+    """:func:`classify_invalid`'s columns: ``event_time``, then ``reason`` and ``detail``, which read it."""
+    def null(f: str) -> Column:
+        jtype = F.col(f"_t_{f}")
+        return jtype.isNull() | (jtype == "VOID")
+
+    def absent(f: str) -> Column:
+        # Blank text counts as missing only where a value is required; in an optional number or
+        # boolean it is text where a number is declared (bad_type), never a silent null.
+        jtype = F.col(f"_t_{f}")
+        return null(f) | ((jtype == "STRING") & (F.trim(F.col(f"_s_{f}")) == ""))
+
+    missing = [absent(f) for f in spec.required]
+    missing_names = F.concat_ws(
+        ",", *[F.when(m, F.lit(spec.json_name(f))) for m, f in zip(missing, spec.required, strict=True)]
+    )
+    raw_ts = F.trim(F.col(f"_s_{EVENT_TIME}"))
+    # Computed once, as a column of its own that the reason and the detail read: written into each of their
+    # branches, the timestamp regex and parse ran seven times a line.
+    parsed_time = F.when(F.col(f"_t_{EVENT_TIME}") == "STRING", _rfc3339(raw_ts))
+    event_time = F.col("event_time")
+    too_old = event_time < F.lit(EARLIEST_EVENT_TIME)
+    any_missing = F.lit(False)
+    for m in missing:
+        any_missing = any_missing | m
+    # Fields other than event_time whose JSON value the declared type cannot hold.
+    wrong = [(f, ~null(f) & F.col(f"_v_{f}").isNull()) for f in spec.fields if f != EVENT_TIME]
+    bad_ts = [(f, w) for f, w in wrong if spec.type_of(f) == "timestamp"]
+    bad_type = [(f, w) for f, w in wrong if spec.type_of(f) != "timestamp"]
+
+    def first(problems: list[tuple[str, Column]], label: str) -> Column:
+        out = F.lit(None).cast("string")
+        for f, w in reversed(problems):
+            text = F.concat(F.lit(f"{spec.json_name(f)}: "), F.coalesce(F.col(f"_s_{f}"), F.lit("<null>")),
+                            F.lit(f" is not a {label or spec.type_of(f)}"))
+            out = F.when(w, text).otherwise(out)
+        return out
+
+    any_of = lambda problems: F.lit(False) if not problems else F.greatest(  # noqa: E731
+        *[w for _f, w in problems], F.lit(False))
+    early = early_bound(spec)
+    reason = (
+        F.when(F.col("_blank"), BLANK)
+        .when(F.col("_bad_encoding"), "bad_encoding")
+        .when(F.col("_malformed"), MALFORMED)
+        .when(any_missing, "missing_field")
+        .when(event_time.isNull() | too_old, "bad_timestamp")
+        .when(any_of(bad_ts), "bad_timestamp")
+        .when(any_of(bad_type), "bad_type")
+        .when(event_time > early, "early")
+    )
+    # The detail follows the reason, read from its column: a valid line (no reason) evaluates no condition
+    # twice, where the detail's own chain of conditions repeated the reason's for every line.
+    why = F.col("reason")
+    too_old_detail = F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "), raw_ts, F.lit(
+        f" is before {EARLIEST_EVENT_TIME:%Y-%m-%dT%H:%M:%SZ}, the earliest event time sluice accepts"))
+    detail = (
+        F.when(why.isNull() | why.isin(BLANK, "malformed_json"), None)
+        .when(why == "bad_encoding", BAD_ENCODING_DETAIL)
+        .when(why == "missing_field", F.concat(F.lit("missing: "), missing_names))
+        .when(why == "bad_timestamp",
+              F.when(event_time.isNull(), F.concat(F.lit(f"{spec.json_name(EVENT_TIME)}: "),
+                                                   F.coalesce(raw_ts, F.lit("<null>"))))
+              .when(too_old, too_old_detail)
+              .otherwise(first(bad_ts, "RFC 3339 timestamp")))
+        .when(why == "bad_type", first(bad_type, ""))
+        .when(why == "early", F.concat(F.lit("arrival_time + "), F.lit(str(spec.early_tolerance)),
+                                       F.lit(" exceeded")))
+    )
+    return parsed_time, reason, detail
 
 
 # -- what the parser says about a malformed line ------------------------------------------------------------
