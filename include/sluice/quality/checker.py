@@ -1,8 +1,8 @@
 """Data quality per closed window (SPEC section 5), shared by cycles, backfills and the Airflow DQ task.
 
 For each window to check, a handful of small inputs: the window's gold rows (read with pyarrow from the
-gold table's files), its bronze counts (one Spark query per stream over the windows' event hours, run while
-Great Expectations checks the gold rows) and its DLQ count (kept per DLQ file). GE validates those small
+gold table's files), its bronze counts (:mod:`sluice.quality.counts`, run while Great Expectations checks the
+gold rows) and its DLQ count (kept per DLQ file). GE validates those small
 inputs, never a scan of raw data. Results go to ops/dq_results and Data Docs; the ledger becomes
 ``validated`` or ``failed``; a failure raises exactly one alert (webhook and/or email) and writes a row to
 ops/alerts. The lateness check counts the window's DLQ records that are not in gold (SPEC 5): all of them after
@@ -12,7 +12,7 @@ the streaming path, none of those a backfill or correction with ``include_late``
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -21,15 +21,15 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from sluice.config import Settings
-from sluice.core.checks import Completeness
-from sluice.core.model import EVENT_TIME, OutputDef, PipelineDef
-from sluice.core.spark import collected_utc, local_frame
+from sluice.core.model import OutputDef, PipelineDef
+from sluice.core.spark import local_frame
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
-from sluice.core.windows import Window, epoch_micros
+from sluice.core.windows import Window
+from sluice.quality.counts import completeness_checks, window_counts
 from sluice.quality.site import docs_site
 from sluice.runtime.context import RunContext
 from sluice.storage import tables
@@ -76,38 +76,6 @@ class QualityReport:
 
 
 
-# Above this many (bucket, window) pairs, _in_windows matches by the bounds alone.
-MAX_WINDOW_BUCKETS = 200_000
-
-
-def _in_windows(df: DataFrame, windows: Sequence[Window], time_column: str = "event_time") -> DataFrame:
-    """Rows of ``df`` tagged (``_ws``, ``_we``) with every window of ``windows`` their event time falls in.
-
-    A join on the bounds alone (``start <= t < end``) is a nested loop in Spark: every row against every
-    window, 294 comparisons a row for the 294 windows of a day's catch-up of 15-minute windows every 5, and
-    more in a backfill of weeks. So each row is first matched by equality on its time bucket (as long as the
-    shortest window, on the epoch's grid) to the windows that overlap that bucket, a broadcast hash join, and
-    then by the exact bounds. Exact for any windows, aligned or not, of any lengths."""
-    spark = df.sparkSession
-    t = F.col(time_column)
-    in_bounds = (t >= F.col("_ws")) & (t < F.col("_we"))
-    bucket_us = min(epoch_micros(end) - epoch_micros(start) for start, end in windows)
-    keyed = [(bucket, start, end) for start, end in windows
-             for bucket in range(epoch_micros(start) // bucket_us, (epoch_micros(end) - 1) // bucket_us + 1)]
-    if len(keyed) > MAX_WINDOW_BUCKETS:  # windows far longer than the shortest: the bounds alone
-        return df.join(F.broadcast(local_frame(spark, windows, "_ws timestamp, _we timestamp")), in_bounds)
-    bounds = local_frame(spark, keyed, "_bucket long, _ws timestamp, _we timestamp")
-    # Floor division in whole microseconds, as above (integer `div`, right before the epoch too).
-    micros = f"unix_micros(`{time_column}`)"
-    bucket = F.expr(f"({micros} - pmod({micros}, {bucket_us})) div {bucket_us}")
-    return df.withColumn("_bucket", bucket).join(F.broadcast(bounds), "_bucket").filter(in_bounds).drop("_bucket")
-
-
-def _internal(spec: Any, field: str) -> str:
-    """The bronze column of a declared field (the event-time field is ``event_time`` in bronze)."""
-    return EVENT_TIME if field == spec.time_field else field
-
-
 def _window_rows(rows: Any, window: Window) -> Any:
     return rows[(rows["window_start"] == window[0]) & (rows["window_end"] == window[1])].reset_index(drop=True)
 
@@ -131,10 +99,6 @@ def gold_rows(engine: DeltaEngine, path: str, windows: Sequence[Window]) -> Any:
     for column in ("window_start", "window_end"):
         rows[column] = pd.to_datetime(rows[column], utc=True)
     return rows
-
-
-def _hour_pruner(windows: Sequence[Window]) -> Callable[[Mapping[str, Any]], bool]:
-    return tables.hours_overlapping(min(s for s, _ in windows), max(e for _, e in windows))
 
 
 def deliver_pending_alerts(settings: Settings, pipeline: str) -> list[str]:
@@ -238,12 +202,11 @@ class QualityChecker:
             if late_in_gold is None:
                 late_in_gold = {r.window: r.late_in_gold for r in self.ledger.rows
                                 if r.late_in_gold}
-            queries = self._count_queries(windows, include_late)
+            count = window_counts(self.settings, self.engine, self.pipeline, windows, include_late)
             with ThreadPoolExecutor(1, thread_name_prefix="sluice-dq-counts") as pool:
-                # The windows' bronze counts take Spark jobs: they run on the executors while GE checks the
-                # gold rows here, on the driver. The queries are built here first: the thread then only waits
-                # on Spark, and does not compete with GE for the GIL.
-                counting = pool.submit(self._counts, queries)
+                # The windows' bronze counts (pyarrow on a few files, or Spark jobs on the executors) run while GE
+                # checks the gold rows here, on the driver.
+                counting = pool.submit(count)
                 log.info("data quality %s: the gold rows of %d window(s)", self.pipeline.name, len(windows))
                 # Every window's gold rows in one validation per output while they pass (the validator's
                 # "Many windows"): GE's cost is per validation, and a catch-up closes hundreds of windows.
@@ -329,55 +292,11 @@ class QualityChecker:
         return [(window, WindowValidation(self.pipeline.name, window[0], window[1], outcomes))]
 
     # -- inputs ---------------------------------------------------------------------------------------
-    def _completeness_checks(self) -> list[tuple[OutputDef, Completeness]]:
-        return [(output, c) for output in self.pipeline.outputs for c in output.checks
-                if isinstance(c, Completeness)]
-
-    def _count_queries(
-        self, windows: Sequence[Window], include_late: bool = False
-    ) -> list[tuple[DataFrame, list[str]]]:
-        """Per stream, one query over the window hours of bronze (and, for a backfill with the late records,
-        its DLQ): per window, its record count and every completeness measure on that stream; with the keys
-        (check name + output) of those measures, in column order."""
-        queries = []
-        for stream in self.pipeline.streams:
-            spec = self.settings.stream(stream)
-            tables.ensure_stream_tables(self.engine, self.settings, spec)
-            on_stream = [(output, c) for output, c in self._completeness_checks() if c.stream == stream]
-            bronze = self.engine.read(
-                tables.bronze(spec).path(self.settings), files=_hour_pruner(windows)
-            ).filter(~F.col("is_heartbeat"))
-            source = bronze.select(*spec.fields).withColumn("_bronze", F.lit(1))
-            if include_late:
-                dlq = self.engine.read(tables.dlq(spec).path(self.settings))
-                source = source.unionByName(dlq.select(*spec.fields).withColumn("_bronze", F.lit(0)))
-            counted = {c.name + output.name: _internal(spec, c.distinct or spec.id_field) for output, c in on_stream}
-            aggs = [F.sum("_bronze").alias("n")] + [
-                F.countDistinct(column).alias(f"_m{i}") for i, column in enumerate(counted.values())
-            ]
-            queries.append((_in_windows(source, windows).groupBy("_ws", "_we").agg(*aggs), list(counted)))
-        return queries
-
-    @staticmethod
-    def _counts(queries: Sequence[tuple[DataFrame, list[str]]]) -> tuple[dict[tuple[str, Window], int],
-                                                                           dict[Window, int]]:
-        """Runs the count queries: per (completeness check, window) the bronze measure, per window the
-        accepted records."""
-        bronze_measure: dict[tuple[str, Window], int] = {}
-        records: dict[Window, int] = {}
-        for query, keys in queries:
-            for r in query.collect():
-                w = (collected_utc(r["_ws"]), collected_utc(r["_we"]))
-                records[w] = records.get(w, 0) + int(r["n"] or 0)
-                for i, key in enumerate(keys):
-                    bronze_measure[(key, w)] = int(r[f"_m{i}"])
-        return bronze_measure, records
-
     def _completeness(
         self, windows: Sequence[Window], gold_by_output: Mapping[str, Any], bronze_measure: Mapping[Any, int]
     ) -> dict[Window, dict[str, tuple[int, int]]]:
         """Per window, each declared completeness check's (gold total, bronze count)."""
-        checks = self._completeness_checks()
+        checks = completeness_checks(self.pipeline)
         completeness: dict[Window, dict[str, tuple[int, int]]] = {}
         for window in windows:
             for output, check in checks:
