@@ -226,6 +226,12 @@ def _file_tables(table_path: str, files: Sequence[str], schema: pa.Schema) -> li
     return [current[(f, schema)] for f in files]
 
 
+def read_files(uris: Sequence[str], schema: pa.Schema) -> pa.Table:
+    """The rows of data files, only the columns of ``schema`` (null where a file lacks one), in file order."""
+    parts = [_read_file(uri, schema) for uri in uris]
+    return pa.concat_tables(parts) if parts else schema.empty_table()
+
+
 def _read_file(uri: str, schema: pa.Schema) -> pa.Table:
     fs, where = filesystem(uri)
     return pq.read_table(where, schema=schema, filesystem=fs)
