@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -26,6 +27,8 @@ from sluice.core.line_scan import registered as scan_registered
 from sluice.core.model import EVENT_TIME, StreamSpec
 from sluice.core.timeutil import EARLIEST_EVENT_TIME
 from sluice.ingest.time_rules import early_bound
+
+T = TypeVar("T")
 
 # RFC 3339 date-time: a 'T' (or space) separator, optional fraction, and a mandatory zone (Z or +hh:mm).
 # Spark's cast alone would also accept zoneless strings and read them in the session zone.
@@ -58,6 +61,21 @@ def _canonical_double(value: Column) -> Column:
         finite, F.regexp_replace(exponent, "E-", "e-"))
 
 
+def _built_once(build: Callable[[Any], T]) -> Callable[[Any], T]:
+    """``build(key)``, called once per key and kept. A caller that asks while another builds the same key waits for
+    that build (a batch that starts while its ingest's warm-up builds the expressions) instead of building beside it."""
+    built: dict[Any, T] = {}
+    lock = threading.Lock()
+
+    def get(key: Any) -> T:
+        with lock:
+            if key not in built:
+                built[key] = build(key)
+            return built[key]
+
+    return get
+
+
 def parse_lines(spec: StreamSpec, line_scan: bool | None = None) -> Any:
     """Parse ``raw`` JSON and give, per declared field, its JSON type (``_t_<field>``: STRING, BIGINT,
     DECIMAL(p,s), DOUBLE, BOOLEAN, OBJECT<..>, ARRAY<..>, VOID for null; null when absent), its text
@@ -77,15 +95,11 @@ def parse_lines(spec: StreamSpec, line_scan: bool | None = None) -> Any:
     The returned transform builds its column expressions on first use and applies the same ones to every
     frame after that: building them takes thousands of calls into the JVM, about a second, which a stream's
     ingest would otherwise pay again in every micro-batch."""
-    built: dict[bool, tuple[list[list[Column]], list[str]]] = {}
-    lock = threading.Lock()
+    built = _built_once(lambda use_scan: _parse_steps(spec, use_scan))
 
     def transform(df: DataFrame) -> DataFrame:
         use_scan = scan_registered(df.sparkSession) if line_scan is None else line_scan
-        with lock:  # a batch that starts while its ingest's warm-up builds them waits for those
-            if use_scan not in built:
-                built[use_scan] = _parse_steps(spec, use_scan)
-        steps, spent = built[use_scan]
+        steps, spent = built(use_scan)
         for columns in steps:
             df = df.select("*", *columns)
         return df.drop(*spent)
@@ -202,14 +216,10 @@ def classify_invalid(spec: StreamSpec) -> Any:
     any of them. The detail of a ``malformed_json`` line is left null here: :func:`malformed_detail` fills it
     when the line is written to quarantine. Like :func:`parse_lines`' transform, the returned one builds its
     column expressions once."""
-    built: list[tuple[Column, Column, Column]] = []
-    lock = threading.Lock()
+    built = _built_once(lambda _key: _check_columns(spec))
 
     def transform(df: DataFrame) -> DataFrame:
-        with lock:
-            if not built:
-                built.append(_check_columns(spec))
-        event_time, reason, detail = built[0]
+        event_time, reason, detail = built(None)
         return df.withColumn("event_time", event_time).withColumn("reason", reason).withColumn("detail", detail)
 
     return transform

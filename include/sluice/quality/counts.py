@@ -56,6 +56,11 @@ def _counted(pipeline: PipelineDef, spec: StreamSpec) -> dict[str, str]:
             for output, c in completeness_checks(pipeline) if c.stream == spec.name}
 
 
+def _count_columns(counted: dict[str, str]) -> list[str]:
+    """The bronze columns a stream's counts read: the event time and each measure's column, once each."""
+    return list(dict.fromkeys([EVENT_TIME, *counted.values()]))
+
+
 def _hour_pruner(windows: Sequence[Window]) -> Callable[[Any], bool]:
     return tables.hours_overlapping(min(s for s, _ in windows), max(e for _, e in windows))
 
@@ -83,7 +88,7 @@ def _driver_files(settings: Settings, pipeline: PipelineDef, windows: Sequence[W
     records = 0
     for stream in pipeline.streams:
         spec = settings.stream(stream)
-        columns = list(dict.fromkeys([EVENT_TIME, *_counted(pipeline, spec).values()]))
+        columns = _count_columns(_counted(pipeline, spec))
         sources = [(tables.bronze(spec).path(settings), True)]
         if include_late:
             sources.append((tables.dlq(spec).path(settings), False))
@@ -117,7 +122,7 @@ def _count_on_driver(pipeline: PipelineDef, settings: Settings,
     records: dict[Window, int] = {}
     for stream, groups in files.items():
         counted = _counted(pipeline, settings.stream(stream))
-        columns = list(dict.fromkeys([EVENT_TIME, *counted.values()]))
+        columns = _count_columns(counted)
         parts, flags = [], []
         for live, schema, is_bronze in groups:
             table = snapshots.read_files([f.path for f in live], schema)
