@@ -99,7 +99,8 @@ def gold(settings: Settings, *, metric: bool) -> dict[tuple[datetime, datetime, 
 
 def kill_run(settings: Settings, folder: Path, now: str, kill_after: str) -> None:
     env = {**os.environ, "SLUICE_HOME": str(settings.home), "SLUICE_PIPELINES": str(folder), "SLUICE_NOW": now,
-           "PYSPARK_PYTHON": sys.executable, "SLUICE_KILL_AFTER_COMMIT": kill_after}
+           "PYSPARK_PYTHON": sys.executable, "SLUICE_KILL_AFTER_COMMIT": kill_after,
+           "SLUICE_BATCH_CLOSE_ROWS": str(settings.batch_close_rows)}
     crashed = subprocess.run([sys.executable, "-m", "sluice.cli", "run", "device_temps"], env=env,
                              capture_output=True, text=True, timeout=900)
     assert crashed.returncode == -9, f"no SIGKILL after {kill_after}: {crashed.returncode} {crashed.stderr[-3000:]}"
@@ -112,11 +113,14 @@ def test_a_pipeline_changes_and_sluice_rebuilds_goes_forward_or_refuses(
 ) -> None:
     folder = write_tutorial(tmp_path / "pipelines")
     source = (folder / "device_temps.py").read_text()
-    settings = load_settings({"SLUICE_PIPELINES": str(folder)}, home=tmp_path / "home")
+    # Every cycle streams (no batch close of small cycles): the checkpoint generations a change starts are under
+    # test, beside the rebuild.
+    environ = {"SLUICE_PIPELINES": str(folder), "SLUICE_BATCH_CLOSE_ROWS": "0"}
+    settings = load_settings(environ, home=tmp_path / "home")
 
     def edit(text: str) -> Settings:
         (folder / "device_temps.py").write_text(text)
-        edited = load_settings({"SLUICE_PIPELINES": str(folder)}, home=tmp_path / "home")
+        edited = load_settings(environ, home=tmp_path / "home")
         assert edited.registry.errors == []
         return edited
 

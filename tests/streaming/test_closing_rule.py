@@ -54,7 +54,9 @@ def windows(settings: Settings) -> list[tuple[datetime, datetime]]:
 
 
 def home(tmp_path: Path, name: str, catchup_min_windows: int) -> Settings:
-    return replace(load_settings({}, home=tmp_path / name), catchup_min_windows=catchup_min_windows)
+    # batch_close_rows=0: every cycle that can close a window runs the streaming queries, the path under test.
+    return replace(load_settings({}, home=tmp_path / name), catchup_min_windows=catchup_min_windows,
+                   batch_close_rows=0)
 
 
 def land_boundary_data(settings: Settings) -> None:
@@ -171,10 +173,71 @@ def test_a_cycle_that_cannot_close_a_window_leaves_its_rows_to_the_cycle_that_ca
     assert (gold(third), gold(third, "unmatched_clicks_hourly")) == before
 
 
+def _ledger(settings: Settings) -> list[tuple[Any, ...]]:
+    return [(r.window_start, r.window_end, r.state, r.closed_by_watermark) for r in read_ledger(settings, PIPELINE)]
+
+
+def test_small_cycles_close_in_batch_and_a_query_that_missed_them_restarts_from_the_open_windows(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Issue 57: a cycle whose closable windows read at most ``batch_close_rows`` bronze rows closes them in batch,
+    without the stateful queries. A home that always streams, one that always closes in batch, and one that
+    alternates hold the same gold and ledger after every cycle. When the alternating home's queries run again,
+    each starts a new checkpoint that reads only the rows that can still reach an open window."""
+    streamed, batched, mixed = (replace(home(tmp_path, name, 0), batch_close_rows=limit)
+                                for name, limit in (("streamed", 0), ("batched", 1000), ("mixed", 1000)))
+    cycles = [
+        ("06:55", None, None),  # W = 06:30: [04:00, 05:00) and [05:00, 06:00) close
+        ("07:05", [imp("i4", "06:50", "a2")],  # nothing closes (W = 06:40)
+         [click("k3", "i3", "06:55", "a2"), click("k4", "i0", "06:52")]),  # k4: i0 is 2.5 h older, unmatched
+        ("07:55", [imp("i5", "07:45")], [click("k5", "i5", "07:45")]),  # W = 07:35: [06:00, 07:00) closes
+        ("08:55", [imp("i6", "08:10"), imp("i7", "08:45", "a2")],  # W = 08:35: [07:00, 08:00) closes
+         [click("k6", "i6", "08:20"), click("k7", "i7", "08:50", "a2")]),
+        ("09:55", [imp("i8", "09:40", "a2")], [click("k8", "i8", "09:45", "a2")]),  # W = 09:30: [08:00, 09:00)
+    ]
+    # The alternating home streams in the 3rd and 5th cycles, each after a cycle closed in batch.
+    mixed_streams = {2: "04:30", 4: "06:35"}  # reach_from(closed through 06:00 / 08:05): - 1 h - 30 min
+    for index, (now, imps, clicks) in enumerate(cycles):
+        for settings in (streamed, batched, mixed):
+            if imps is None:
+                land_boundary_data(settings)
+            else:
+                land(settings, "impressions", f"i-{now}.jsonl", imps, at(now) - timedelta(minutes=5))
+                land(settings, "clicks", f"c-{now}.jsonl", clicks, at(now) - timedelta(minutes=5))
+        cycle(spark, streamed, PIPELINE, at(now))
+        with logged("sluice.aggregate") as said:
+            cycle(spark, batched, PIPELINE, at(now))
+        assert not any("new checkpoint" in m for m in said), said
+        mode = replace(mixed, batch_close_rows=0) if index in mixed_streams else mixed
+        with logged("sluice.aggregate") as said:
+            cycle(spark, mode, PIPELINE, at(now))
+        if index in mixed_streams:
+            restarts = [m for m in said if "new checkpoint" in m]
+            assert len(restarts) == 2 and all(f"reads from {at(mixed_streams[index]).isoformat()}" in m
+                                              for m in restarts), said
+        elif index != 1:
+            assert any("closing them in batch" in m for m in said), said
+        for output in (PIPELINE, "unmatched_clicks_hourly"):
+            assert gold(batched, output) == gold(streamed, output), (now, output)
+            assert gold(mixed, output) == gold(streamed, output), (now, output)
+        assert _ledger(batched) == _ledger(streamed) == _ledger(mixed), now
+    assert [w for w, _e, _s, _c in _ledger(streamed)] == [at(f"0{h}:00") for h in range(4, 9)]
+    unmatched = {(r["window_start"], r["ad_id"]): r["unmatched_clicks"]
+                 for r in table(streamed, "gold/unmatched_clicks_hourly")}
+    assert unmatched[(at("06:00"), "a1")] == 1
+    # The batch home's queries never ran; the alternating home's ran in two new checkpoints, one per restart.
+    root = "pipelines/" + PIPELINE
+    assert not (batched.checkpoints / root / PIPELINE / "commits").exists()
+    for folder in (f"{PIPELINE}.g1", f"{PIPELINE}.g2", "unmatched_clicks_hourly.g2"):
+        assert any((mixed.checkpoints / root / folder / "commits").iterdir()), folder
+    assert _query_batches(streamed)[PIPELINE] > 0
+
+
 # -- A team's own two-stream pipeline (issue 25): one W per pipeline, and records at the watermark -------------
 def two_home(tmp_path: Path) -> Settings:
     # 15-min windows every 5 min, 2-min delays, 10-min join bound; no batch catch-up, so streaming is under test.
-    return replace(two_streams.two_stream_home(tmp_path, with_join=False), catchup_min_windows=0)
+    return replace(two_streams.two_stream_home(tmp_path, with_join=False), catchup_min_windows=0,
+                   batch_close_rows=0)
 
 
 def two_gold(settings: Settings, output: str, metric: str) -> dict[tuple[datetime, datetime], dict[str, int]]:

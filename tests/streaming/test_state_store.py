@@ -66,7 +66,7 @@ def test_a_query_begun_on_rocksdb_keeps_its_state_when_the_default_is_the_in_mem
 ) -> None:
     """The first cycle runs as an older sluice (RocksDB) ran it; the next ones on this session's default."""
     assert spark.conf.get(PROVIDER) == STATE_STORE_PROVIDERS["hdfs"]
-    settings = replace(load_settings({}, home=tmp_path / "home"), catchup_min_windows=0)
+    settings = replace(load_settings({}, home=tmp_path / "home"), catchup_min_windows=0, batch_close_rows=0)
     # W = 06:35: [05:00, 06:00) closes; i3 and its click k2 (06:48) stay in the queries' state.
     land(settings, "impressions", "i1.jsonl", [imp("i1", "05:10", "a1"), imp("i3", "06:45", "a2")], at("06:50"))
     land(settings, "clicks", "c1.jsonl", [click("k1", "i1", "05:20", "a1"), click("k2", "i3", "06:48", "a2")],

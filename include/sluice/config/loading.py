@@ -90,6 +90,7 @@ _GLOBALS: dict[str, Convert] = {
     "max_files_per_trigger": _whole(1),
     "shuffle_partitions": _whole(1),
     "catchup_min_windows": _whole(0),
+    "batch_close_rows": _whole(0),
     "spark_master": _text("local[2] or spark://host:7077"),
     "driver_memory": _memory("2g"),
     "executor_memory": _memory("2g"),

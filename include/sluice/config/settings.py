@@ -43,6 +43,12 @@ class Settings:
     # (same transforms, same rows) and streams only from there on: batch is 2-3x faster than replaying a
     # backlog through stateful operators. 0 = always stream.
     catchup_min_windows: int = 6
+    # A cycle whose closable windows read at most this many bronze rows (from the Delta log's file statistics)
+    # closes them in batch from bronze instead of starting the stateful streaming queries: on a scheduled
+    # increment, the queries' start, state store commits and the batch that moves Spark's watermark cost
+    # seconds more than the batch itself. Above it (long windows, a large increment), the queries' state pays.
+    # 0 = always stream.
+    batch_close_rows: int = 250_000
     spark_master: str = "local[2]"
     driver_memory: str = "2g"
     # spark.executor.memory on a cluster (a local master runs its tasks in the driver's heap). None leaves it to

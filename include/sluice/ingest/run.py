@@ -31,7 +31,8 @@ def stream_ingest(ctx: RunContext, spec: StreamSpec,
     return StreamIngest(ctx, spec, before_write)
 
 
-def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchRow]]:
+def run_ingest(ctx: RunContext, streams: Sequence[str],
+               on_new_input: Callable[[], None] | None = None) -> dict[str, list[BatchRow]]:
     """Ingest each stream once (availableNow) and return the batches committed in this cycle. Each stream
     is ingested under its own lock: a stream shared by several pipelines is never ingested by two
     processes at once, and whichever cycle comes first ingests it for all of them (bronze is shared; each
@@ -46,7 +47,8 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     as running them one after the other would.
 
     Files that arrived after "now" are taken under their own arrival time (SPEC 3); the run warns once how
-    many, over all its streams."""
+    many, over all its streams. ``on_new_input`` is called once, before any stream starts Spark, when some
+    stream has new input (a caller's work to overlap with the JVM's start)."""
     # Every stream's declaration first: a change that would change what ingested records mean is refused
     # before any stream of the cycle writes anything (SPEC 9).
     for name in streams:
@@ -62,6 +64,8 @@ def run_ingest(ctx: RunContext, streams: Sequence[str]) -> dict[str, list[BatchR
     order = sorted(range(len(streams)), key=lambda i: (new_bytes[i], i))
     # And, before any stream starts Spark, the kind of JVM this cycle needs (RunContext.expect).
     ctx.expect(sum(new_bytes))
+    if on_new_input is not None and sum(new_bytes) > 0:
+        on_new_input()
     rank = {index: place for place, index in enumerate(order)}
 
     def wait_for_earlier(index: int) -> Callable[[], None]:

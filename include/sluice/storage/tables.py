@@ -274,6 +274,17 @@ def bronze_hours(path: str) -> dict[datetime, int]:
     return hours
 
 
+def bronze_rows_between(path: str, lo: datetime | None, hi: datetime | None) -> int | None:
+    """Records (heartbeats included) of a bronze table's event hours that overlap ``[lo, hi)``, from the file
+    statistics in the Delta log: what a read pruned by :func:`hours_overlapping` scans. None when a file of
+    those hours has no statistics."""
+    from sluice.storage.snapshots import live_files
+
+    overlaps = hours_overlapping(lo, hi)
+    counts = [file.records for file in live_files(path) if overlaps(file.partition)]
+    return None if None in counts else sum(n for n in counts if n is not None)
+
+
 def first_event_time(path: str) -> datetime | None:
     """The earliest event time a bronze table holds (heartbeats included), from the file statistics in the
     Delta log, or a file's event hour where the writer kept none: no data file is read. None when empty."""

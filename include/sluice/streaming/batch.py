@@ -228,7 +228,13 @@ class CatchUp:
 
     def stream_from(self, pipeline: PipelineDef) -> datetime:
         """The oldest event time that can still reach a window ending after the boundary."""
-        return self.boundary - pipeline.window.size - pipeline.lateness_bound
+        return reach_from(pipeline, self.boundary)
+
+
+def reach_from(pipeline: PipelineDef, boundary: datetime) -> datetime:
+    """The oldest event time that can reach a window of ``pipeline`` ending after ``boundary`` (its window's
+    size, and the lateness bound of its joins, before it)."""
+    return boundary - pipeline.window.size - pipeline.lateness_bound
 
 
 def gold_rows(output: OutputDef, df: DataFrame, window: WindowSpec) -> DataFrame:

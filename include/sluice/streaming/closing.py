@@ -7,6 +7,10 @@ way; ``closed_through`` records the boundary (``W - lateness_bound``) it reached
 windows ending at or before it. After every cycle, gold therefore holds exactly the windows that end at or
 before ``W - lateness_bound``, however Spark's watermark moved.
 
+**Small cycles.** A cycle whose closable windows read at most ``batch_close_rows`` bronze rows
+(:meth:`BatchClose.rows_to_close`, from the Delta log) runs the batch close alone, without the streaming queries
+(see :mod:`sluice.streaming.runner`).
+
 **Batch catch-up.** Replaying a long backlog through stateful streaming operators costs 2-3x what the
 same logic costs as one Spark batch. So when a pipeline's queries start fresh (no checkpoint) and at least
 ``catchup_min_windows`` windows are already closable, the runner first computes those windows in batch and
@@ -45,6 +49,7 @@ from sluice.streaming.batch import (
     mark_closed_through,
     pipeline_state,
     pipeline_watermark,
+    reach_from,
     stream_floor,
 )
 from sluice.streaming.commits import WindowCommits
@@ -101,6 +106,22 @@ class BatchClose:
         return self.can_close(self.closed_through())
 
     # -- the batch close (see the module docstring) -----------------------------------------------------
+    def read_range(self, after: datetime | None, boundary: datetime) -> tuple[datetime | None, datetime]:
+        """The event times ``[lo, hi)`` of the bronze rows that can reach a window ending in ``(after, boundary]``."""
+        return (None if after is None else reach_from(self.pipeline, after)), boundary + self.pipeline.lateness_bound
+
+    def rows_to_close(self, after: datetime | None) -> int | None:
+        """Bronze rows (heartbeats included) in the event hours a batch close of this cycle reads, from the
+        Delta log's file statistics (no data file is read); None while no window can close, or when a file
+        has no statistics."""
+        boundary = closing_boundary(self.settings, self.pipeline)
+        if boundary is None:
+            return None
+        lo, hi = self.read_range(after, boundary)
+        rows = [tables.bronze_rows_between(tables.bronze(self.settings.stream(s)).path(self.settings), lo, hi)
+                for s in self.pipeline.streams]
+        return None if None in rows else sum(n for n in rows if n is not None)
+
     def _next_end(self, lo: datetime) -> datetime:
         """The first end of a window of the pipeline after ``lo``."""
         return self.pipeline.window.next_end(lo)
@@ -161,8 +182,7 @@ class BatchClose:
                      boundary.isoformat())
             return
         started = time.monotonic()
-        lo = after - pipeline.window.size - pipeline.lateness_bound if after is not None else None
-        inputs = batch_inputs(self.settings, self.engine, pipeline, lo, boundary + pipeline.lateness_bound)
+        inputs = batch_inputs(self.settings, self.engine, pipeline, *self.read_range(after, boundary))
         closed_before = len(self.result.windows)
         for output in pipeline.outputs:
             final = F.col("window_end") <= F.lit(boundary)
@@ -225,7 +245,7 @@ class BatchClose:
         started = time.monotonic()
         newest = max(w + settings.stream(s).watermark_delay for s in pipeline.streams
                      if (w := load_state(settings, s).watermark) is not None)
-        lo = after - pipeline.window.size - bound if after is not None else None
+        lo = reach_from(pipeline, after) if after is not None else None
         inputs = batch_inputs(settings, self.engine, pipeline, lo, newest + bound + timedelta(microseconds=1))
         clocks = self._clocks()
         field_name = pipeline.substream

@@ -127,7 +127,9 @@ def run_cycle(
     log.info("cycle %s: ingesting %s (now=%s)", pipeline, ", ".join(streams), settings.now().isoformat())
     with ctx.pipeline_lock(pipeline, purpose=f"cycle now={settings.now().isoformat()}"):
         outbox = outbox_snapshot(settings, pipeline)
-        batches = run_ingest(ctx, streams)
+        # New input will start the JVM, whose launch leaves this process waiting: the seconds of Great
+        # Expectations' import then cost nothing (a cycle with nothing new imports nothing).
+        batches = run_ingest(ctx, streams, on_new_input=warm_up if check_quality else None)
         # From the ingest log, not from this cycle's batches: a crash between a file's quarantine and its
         # alert is caught up here, and a rerun finds the alert's key already recorded.
         for ingest_alert in (unreadable_files_alert(settings, pipeline), kafka_offsets_lost_alert(settings, pipeline)):

@@ -112,9 +112,10 @@ def fingerprints(definitions: Mapping[str, OutputDefinition]) -> str:
 @dataclass(frozen=True)
 class Recorded:
     """What is kept of one output beside the pipeline's checkpoints: the definition its gold was last built
-    with, the generation of its streaming checkpoint (0: ``<output>``; n > 0: ``<output>.g<n>``, started by the
-    n-th change; an old checkpoint is kept and never reused), and the oldest event time that checkpoint's
-    query reads (set when a change started it: the rows that can still reach an open window)."""
+    with, the generation of its streaming checkpoint (0: ``<output>``; n > 0: ``<output>.g<n>``, started by a
+    change, or by a query that streams again after cycles closed in batch; an old checkpoint is kept and never
+    reused), and the oldest event time that checkpoint's query reads (set when it was started so: the rows that
+    can still reach an open window)."""
 
     definition: OutputDefinition
     generation: int = 0

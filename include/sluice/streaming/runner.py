@@ -14,6 +14,12 @@ lateness_bound``), and any window Spark emitted early is written by the batch cl
 (Spark's own watermark runs one millisecond behind the stored one, see :func:`spark_delay`, so that a record
 accepted exactly at the watermark still reaches every window that holds it.)
 
+**Small cycles close in batch.** A cycle whose closable windows read at most ``batch_close_rows`` bronze rows
+runs only the batch close: on a scheduled increment, starting the stateful queries, their state store commits
+and the batch that moves Spark's watermark cost more than the batch itself. Each query's checkpoint is then
+marked behind; the next cycle that streams starts a new checkpoint generation for it that reads only the rows
+that can still reach an open window (as a change does, SPEC 9), instead of replaying what the batch closed.
+
 The batch close that follows the streaming queries, and the batch catch-up before a fresh pipeline's first
 ones, are :mod:`sluice.streaming.closing`; every path commits its closed windows through
 :mod:`sluice.streaming.commits`.
@@ -44,6 +50,7 @@ from sluice.streaming.batch import (
     gold_rows,
     pipeline_state,
     prepare_input,
+    reach_from,
     streams_without_files,
 )
 from sluice.streaming.closing import BatchClose
@@ -54,10 +61,13 @@ from sluice.streaming.definitions import (
     checkpoint_name,
     pipeline_definitions,
     recorded_outputs,
+    save_recorded,
 )
 from sluice.windows.ledger import WINDOW_LEDGER
 
 log = logging.getLogger("sluice.aggregate")
+# Beside an output's checkpoint: cycles after its last batch were closed in batch (see _closes_in_batch).
+BEHIND = "sluice_behind.json"
 
 
 
@@ -166,6 +176,10 @@ class PipelineRunner:
                      "will take this cycle's rows when one can", self.pipeline.name,
                      self.pipeline.window.next_end(after).isoformat())
             return self.result
+        if self._closes_in_batch(after):
+            self.closing.close_final_windows(after)
+            return self.result
+        self._restart_behind(after)
         # The outputs' queries run side by side: on small increments their time is mostly fixed latency
         # (planning, state store commits, the no-data batch that moves the watermark), which overlaps well.
         # Their ledger commits still happen in output order (see Turnstile), so tables stay deterministic.
@@ -191,6 +205,47 @@ class PipelineRunner:
                     query.stop()
         self.closing.close_final_windows(after)
         return self.result
+
+    # -- small cycles close in batch (Settings.batch_close_rows) ---------------------------------------------
+    def _behind_marker(self, output: OutputDef) -> tuple[str, ...]:
+        return pipeline_state(self.pipeline.name, self._folder(output), BEHIND)
+
+    def _closes_in_batch(self, after: datetime | None) -> bool:
+        """Whether this cycle closes its windows in batch from bronze, without the streaming queries: the rows
+        they read are few (at most ``batch_close_rows``). The queries' checkpoints are then marked behind."""
+        limit = self.settings.batch_close_rows
+        if limit <= 0:
+            return False
+        rows = self.closing.rows_to_close(after)
+        if rows is None or rows > limit:
+            return False
+        for output in self.pipeline.outputs:
+            marker = self._behind_marker(output)
+            if self.state.read(*marker) is None:
+                # Before the batch close commits: a crash in between leaves the query marked, which is only safe.
+                self.state.write(json.dumps({"after": None if after is None else after.isoformat()}), *marker)
+        log.info("%s: the closable windows read %d bronze row(s) (at most %d): closing them in batch from "
+                 "bronze, without the streaming queries", self.pipeline.name, rows, limit)
+        return True
+
+    def _restart_behind(self, after: datetime | None) -> None:
+        """A query whose checkpoint missed cycles closed in batch starts a new checkpoint generation that reads
+        only the rows that can still reach a window ending after ``after`` (as after a change, SPEC 9): its old
+        offsets would replay every row those cycles already closed."""
+        behind = [o for o in self.pipeline.outputs if self.state.read(*self._behind_marker(o)) is not None]
+        if not behind:
+            return
+        since = None if after is None else reach_from(self.pipeline, after)
+        kept = recorded_outputs(self.state, self.pipeline.name)
+        for output in behind:
+            old = kept.get(output.name)
+            kept[output.name] = Recorded(old.definition if old else self.definitions()[output.name],
+                                         (old.generation if old else 0) + 1, since)
+            log.info("%s: its streaming query missed cycles closed in batch; a new checkpoint (%s) reads from %s",
+                     output.name, checkpoint_name(output.name, kept[output.name].generation),
+                     since.isoformat() if since else "the first row")
+        save_recorded(self.state, self.pipeline.name, kept)
+        self._recorded = kept
 
     def input_versions(self) -> dict[str, int]:
         """The current Delta version of every bronze input (metadata only)."""
