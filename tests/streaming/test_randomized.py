@@ -59,6 +59,7 @@ from __future__ import annotations
 import json
 import os
 import random
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,11 @@ class Scenario:
                            changes.choice([w for w in WINDOWS if w != self.window]))
         elif draw < 0.65:
             self.change = (changes.randrange(1, len(self.cycles)), None)  # None: the window stays
+        # Issue 57: each cycle either streams (batch_close_rows=0) or closes in batch, as a small cycle does by
+        # default (a random stream of its own, as above): both paths, and a query that streams again after cycles
+        # closed in batch, are held to the model.
+        closes = random.Random(seed * 7919 + 57)
+        self.streamed = {c for c in range(len(self.cycles)) if closes.random() < 0.5}
 
     def model(self) -> TwoStreamsModel:
         """A fresh model of this scenario's pipeline."""
@@ -289,7 +295,8 @@ class Scenario:
 
     def render(self, model: TwoStreamsModel | None = None, upto: int | None = None) -> str:
         out = [f"scenario seed={self.seed}: window={self.window!r} delays={self.delays} bound={self.bound} "
-               f"join={self.with_join} late_start={self.late_start}"]
+               f"join={self.with_join} late_start={self.late_start} streamed cycles={sorted(self.streamed)} "
+               "(the others close in batch)"]
         if self.skew:
             offsets = ", ".join(f"{d} {int(o / MINUTE):+d}m" for d, o in self.devices.items())
             out.append(f"  substreams on device_id, skew_tolerance={self.skew}; clock offsets: {offsets}")
@@ -561,7 +568,8 @@ def test_streaming_gold_matches_the_model_and_a_batch_recomputation(
         for f in cyc.files:
             land(settings, f.stream, f.name, [r.line() for r in f.records], f.arrival)
         try:
-            after = cycle(spark, settings, PIPELINE, cyc.now)
+            limit = 0 if index in scenario.streamed else max(settings.batch_close_rows, 1_000_000)
+            after = cycle(spark, replace(settings, batch_close_rows=limit), PIPELINE, cyc.now)
         except Exception as exc:  # the cycle itself failed: the same report, with what it raised
             after, problems = settings, [f"the cycle raised {raised(exc)}"]
         else:
@@ -679,6 +687,10 @@ def test_the_default_seeds_cover_every_shape_the_generator_makes() -> None:
     assert any(s.with_join and s.change[1] is not None for s in changed)  # the window: every output rebuilt
     assert any(s.with_join and s.change[1] is None for s in changed)  # one output's metric: that one alone
     assert all(any(k == "at_wm" for c in s.cycles for f in c.files for k in f.kinds) for s in scenarios[:3])
+    # Issue 57: cycles that stream and cycles that close in batch, and a query that streams again after a batch one.
+    plain = [s for s in scenarios if not s.skew]
+    assert any(s.streamed for s in plain) and any(set(range(len(s.cycles))) - s.streamed for s in plain)
+    assert any(c in s.streamed and c - 1 not in s.streamed for s in plain for c in range(1, len(s.cycles)))
     # Issue 55: substream scenarios, with and without the join, and every edge of E_k = max(W_k, F) in them, as a
     # fresh model judges the finished scenarios.
     keyed = [s for s in scenarios if s.skew]
