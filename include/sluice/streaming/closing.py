@@ -96,15 +96,6 @@ class BatchClose:
         boundary = closing_boundary(self.settings, self.pipeline)
         return boundary is None or self._window_ends(after, boundary)
 
-    def may_close(self) -> bool:
-        """:meth:`can_close` before the cycle's aggregation runs (a pending catch-up closes windows)."""
-        if self.pipeline.substream is not None:
-            return True  # each key's rows go to gold on its own clock, in any cycle
-        marker = self.state.read(*pipeline_state(self.pipeline.name, CATCHUP))
-        if marker is not None and not CatchUp.from_json(marker).done:
-            return True
-        return self.can_close(self.closed_through())
-
     # -- the batch close (see the module docstring) -----------------------------------------------------
     def read_range(self, after: datetime | None, boundary: datetime) -> tuple[datetime | None, datetime]:
         """The event times ``[lo, hi)`` of the bronze rows that can reach a window ending in ``(after, boundary]``."""

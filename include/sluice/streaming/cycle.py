@@ -145,8 +145,6 @@ def run_cycle(
         changes = apply_changes(ctx, definition, deliver_alerts=deliver_alerts, plan=plan) if plan else None
         # The runner records the same definitions with the windows it closes: analysed once per cycle.
         runner = PipelineRunner(ctx, definition, definitions=plan.definitions if plan else None)
-        if check_quality and any(b.accepted for rows in batches.values() for b in rows) and runner.may_close():
-            warm_up()  # new records may close windows to validate: import GE while Spark aggregates
         log.info("cycle %s: aggregating closed windows", pipeline)
         aggregate = runner.run()
         corrections = run_corrections(ctx, definition, deliver_alerts=deliver_alerts)

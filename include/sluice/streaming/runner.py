@@ -119,10 +119,6 @@ class PipelineRunner:
         commits = self.state.list(*pipeline_state(self.pipeline.name, self._folder(output), "commits"))
         return any(True for _ in commits)
 
-    def may_close(self) -> bool:
-        """Whether this cycle's aggregation may close a window (see BatchClose.may_close)."""
-        return self.closing.may_close()
-
     def ensure_tables(self) -> None:
         for output in self.pipeline.outputs:
             ensure_output_table(self.spark, self.settings, self.engine, self.pipeline, output)
