@@ -89,6 +89,20 @@ def test_arrival_time_is_the_time_an_object_was_written(store: ObjectStore) -> N
     assert arrived["first.jsonl"] < arrived["second.jsonl"]
 
 
+def test_a_folder_is_deleted_with_everything_under_it_and_nothing_beside_it(store: ObjectStore) -> None:
+    # A retired streaming checkpoint (PipelineRunner._restart_behind): more objects than a page, nested folders.
+    folder = "_checkpoints/pipelines/p/out.g1"
+    inside = [f"{folder}/offsets/{i}" for i in range(9)] + [f"{folder}/state/0/{i}/1.delta" for i in range(2)]
+    beside = ["_checkpoints/pipelines/p/out.g10/offsets/0", "_checkpoints/pipelines/p/out.g2/commits/0",
+              "_checkpoints/pipelines/p/definitions.json"]
+    for key in inside + beside:
+        store.put(key, b"x")
+    assert store.delete_folder(folder) == len(inside)
+    assert not any(True for _ in store.walk(folder))
+    assert sorted(store.walk("_checkpoints")) == sorted(beside)
+    assert store.delete_folder(folder) == 0
+
+
 # -- roots and credentials ------------------------------------------------------------------------------
 @pytest.mark.parametrize(("value", "expected"), [
     ("s3://bucket/lake", Root("s3", "lake", "bucket")),

@@ -16,7 +16,10 @@ from pyspark.sql import SparkSession
 from sluice.config import Settings, load_settings
 from sluice.ingest import load_state
 from sluice.runtime.context import open_run
+from sluice.storage.state import lake_state
 from sluice.streaming.backfill import run_backfill
+from sluice.streaming.definitions import recorded_outputs, save_recorded
+from sluice.streaming.runner import PipelineRunner
 from sluice.windows.ledger import read_ledger
 from support import two_streams
 from support.lake import cycle, land, table
@@ -215,6 +218,14 @@ def test_small_cycles_close_in_batch_and_a_query_that_missed_them_restarts_from_
             restarts = [m for m in said if "new checkpoint" in m]
             assert len(restarts) == 2 and all(f"reads from {at(mixed_streams[index]).isoformat()}" in m
                                               for m in restarts), said
+            # The generation each query left is deleted, state store and all; the new one ran.
+            new, old = (1, 0) if index == 2 else (2, 1)
+            for output in (PIPELINE, "unmatched_clicks_hourly"):
+                folder = mixed.checkpoints / "pipelines" / PIPELINE
+                assert not (folder / (f"{output}.g{old}" if old else output)).exists(), (now, output, old)
+                assert any((folder / f"{output}.g{new}" / "commits").iterdir()), (now, output, new)
+                assert any(f"{output}: deleted the retired checkpoint" in m for m in said), said
+            assert not any(r.retired for r in recorded_outputs(lake_state(mixed), PIPELINE).values())
         elif index != 1:
             assert any("closing them in batch" in m for m in said), said
         for output in (PIPELINE, "unmatched_clicks_hourly"):
@@ -225,12 +236,25 @@ def test_small_cycles_close_in_batch_and_a_query_that_missed_them_restarts_from_
     unmatched = {(r["window_start"], r["ad_id"]): r["unmatched_clicks"]
                  for r in table(streamed, "gold/unmatched_clicks_hourly")}
     assert unmatched[(at("06:00"), "a1")] == 1
-    # The batch home's queries never ran; the alternating home's ran in two new checkpoints, one per restart.
-    root = "pipelines/" + PIPELINE
-    assert not (batched.checkpoints / root / PIPELINE / "commits").exists()
-    for folder in (f"{PIPELINE}.g1", f"{PIPELINE}.g2", "unmatched_clicks_hourly.g2"):
-        assert any((mixed.checkpoints / root / folder / "commits").iterdir()), folder
+    # The batch home's queries never ran; the alternating home keeps only the checkpoints of its last restart.
+    root = mixed.checkpoints / "pipelines" / PIPELINE
+    assert not (batched.checkpoints / "pipelines" / PIPELINE / PIPELINE / "commits").exists()
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"{PIPELINE}.g2", "unmatched_clicks_hourly.g2"]
     assert _query_batches(streamed)[PIPELINE] > 0
+
+    # A run killed after it saved the new generation and before it deleted the old one: the next streaming cycle
+    # deletes what is still listed as retired, and only that.
+    leftover = root / f"{PIPELINE}.g1" / "state" / "0"
+    leftover.mkdir(parents=True)
+    (leftover / "1.delta").write_bytes(b"state")
+    state = lake_state(mixed)
+    kept = recorded_outputs(state, PIPELINE)
+    save_recorded(state, PIPELINE, {**kept, PIPELINE: replace(kept[PIPELINE], retired=(1,))})
+    ctx = open_run(mixed, spark)
+    PipelineRunner(ctx, ctx.settings.registry.pipelines[PIPELINE])._restart_behind(at("09:00"))
+    assert not (root / f"{PIPELINE}.g1").exists()
+    assert recorded_outputs(state, PIPELINE) == kept
+    assert sorted(p.name for p in root.iterdir() if p.is_dir()) == [f"{PIPELINE}.g2", "unmatched_clicks_hourly.g2"]
 
 
 # -- A team's own two-stream pipeline (issue 25): one W per pipeline, and records at the watermark -------------

@@ -19,6 +19,7 @@ One protocol, :class:`ObjectStore`, over a local folder (:class:`LocalStore`) an
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -56,6 +57,8 @@ class ObjectStore(Protocol):
     def folders(self, folder: str) -> Iterator[str]: ...
 
     def walk(self, folder: str) -> Iterator[str]: ...
+
+    def delete_folder(self, folder: str) -> int: ...
 
 
 class LocalStore:
@@ -138,6 +141,12 @@ class LocalStore:
             for name in files:
                 yield Path(parent, name).relative_to(self.root.local()).as_posix()
 
+    def delete_folder(self, folder: str) -> int:
+        """Delete the folder and everything under it; the number of files deleted (0: there was none)."""
+        files = sum(1 for _ in self.walk(folder))
+        shutil.rmtree(self._path(folder), ignore_errors=True)
+        return files
+
 
 class S3Store:
     def __init__(self, root: Root, client: Any, *, page_size: int = PAGE_SIZE) -> None:
@@ -187,6 +196,14 @@ class S3Store:
         for page in self._pages(folder, nested=True):
             for item in page.get("Contents", []):
                 yield self._relative(item["Key"])
+
+    def delete_folder(self, folder: str) -> int:
+        """Delete every object under the folder, a thousand per request (S3's DeleteObjects); how many."""
+        keys = [self.root.key(k) for k in self.walk(folder)]
+        for at in range(0, len(keys), 1000):
+            self.client.delete_objects(Bucket=self.root.bucket,
+                                       Delete={"Objects": [{"Key": k} for k in keys[at:at + 1000]], "Quiet": True})
+        return len(keys)
 
     def _relative(self, key: str) -> str:
         """An object's key relative to the store's root prefix."""

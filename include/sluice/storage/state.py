@@ -61,6 +61,11 @@ class LakeState:
     def delete(self, *parts: str) -> None:
         self.store.delete(self._key(*parts))
 
+    def delete_folder(self, *parts: str) -> int:
+        """Delete the folder ``parts`` with everything under it (a retired streaming checkpoint); the number of
+        objects deleted. Calling it again after a crash halfway deletes the rest."""
+        return self.store.delete_folder(self._key(*parts))
+
 
 @functools.cache
 def _store(root: Root, credentials: Credentials) -> ObjectStore:

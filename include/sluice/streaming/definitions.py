@@ -113,24 +113,28 @@ def fingerprints(definitions: Mapping[str, OutputDefinition]) -> str:
 class Recorded:
     """What is kept of one output beside the pipeline's checkpoints: the definition its gold was last built
     with, the generation of its streaming checkpoint (0: ``<output>``; n > 0: ``<output>.g<n>``, started by a
-    change, or by a query that streams again after cycles closed in batch; an old checkpoint is kept and never
-    reused), and the oldest event time that checkpoint's query reads (set when it was started so: the rows that
-    can still reach an open window)."""
+    change, or by a query that streams again after cycles closed in batch; an old checkpoint is never reused),
+    and the oldest event time that checkpoint's query reads (set when it was started so: the rows that can still
+    reach an open window). ``retired``: the old generations of a query that streamed again after cycles closed
+    in batch, listed until their folders are deleted (a change's old checkpoint is kept, SPEC 9, never listed)."""
 
     definition: OutputDefinition
     generation: int = 0
     stream_from: datetime | None = None
+    retired: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return {"fingerprint": self.definition.fingerprint, "definition": self.definition.to_dict(),
-                "generation": self.generation,
-                "stream_from": None if self.stream_from is None else self.stream_from.isoformat()}
+        out = {"fingerprint": self.definition.fingerprint, "definition": self.definition.to_dict(),
+               "generation": self.generation,
+               "stream_from": None if self.stream_from is None else self.stream_from.isoformat()}
+        return {**out, "retired": list(self.retired)} if self.retired else out
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any]) -> Recorded:
         since = raw.get("stream_from")
         return cls(OutputDefinition.from_dict(raw["definition"]), int(raw.get("generation", 0)),
-                   None if since is None else datetime.fromisoformat(since))
+                   None if since is None else datetime.fromisoformat(since),
+                   tuple(int(g) for g in raw.get("retired", ())))
 
 
 def checkpoint_name(output: str, generation: int) -> str:

@@ -170,6 +170,11 @@ def _next_generations(ctx: RunContext, pipeline: PipelineDef, outputs: list[str]
     return {o: kept[o].generation + 1 if o in kept else 0 for o in outputs}
 
 
+def _retired(kept: dict[str, Recorded], output: str) -> tuple[int, ...]:
+    """The generations still to delete that a change's new record carries over (PipelineRunner._restart_behind)."""
+    return kept[output].retired if output in kept else ()
+
+
 def _go_forward(ctx: RunContext, plan: PipelinePlan, changes: list[OutputChange]) -> None:
     pipeline = plan.pipeline
     kept = recorded_outputs(ctx.state, pipeline.name)
@@ -180,7 +185,8 @@ def _go_forward(ctx: RunContext, plan: PipelinePlan, changes: list[OutputChange]
         added = [(n, t) for n, t in change.after.columns if n not in dict(change.before.columns if change.before
                                                                           else ())]
         ctx.engine.add_columns(output.path(ctx.settings), added)
-        kept[change.output] = Recorded(change.after, generations[change.output], _stream_from(pipeline, plan.boundary))
+        kept[change.output] = Recorded(change.after, generations[change.output], _stream_from(pipeline, plan.boundary),
+                                       _retired(kept, change.output))
         log.info("%s: gold/%s goes forward with definition %s (%s); its closed windows keep their rows; a new "
                  "streaming checkpoint starts at the open windows", pipeline.name, change.output,
                  change.after.fingerprint, ", ".join(f"+{n}" for n, _t in added) or "same columns")
@@ -327,7 +333,8 @@ class Rebuild:
         since = _stream_from(pipeline, boundary)
         for change in self.plan.outputs:
             if change.output in generations:
-                kept[change.output] = Recorded(change.after, generations[change.output], since)
+                kept[change.output] = Recorded(change.after, generations[change.output], since,
+                                               _retired(kept, change.output))
             elif change.output in kept:
                 kept[change.output] = replace(kept[change.output], definition=change.after)
         save_recorded(ctx.state, pipeline.name, kept)

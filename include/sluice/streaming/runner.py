@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
+from dataclasses import replace
 from datetime import datetime
 
 from pyspark import StorageLevel
@@ -227,20 +228,32 @@ class PipelineRunner:
     def _restart_behind(self, after: datetime | None) -> None:
         """A query whose checkpoint missed cycles closed in batch starts a new checkpoint generation that reads
         only the rows that can still reach a window ending after ``after`` (as after a change, SPEC 9): its old
-        offsets would replay every row those cycles already closed."""
+        offsets would replay every row those cycles already closed. The old generation is never read again, so
+        it is deleted, with its state store: a pipeline whose large and small cycles alternate would otherwise
+        keep one checkpoint per restart. (A change's old checkpoint is kept, as SPEC 9 says.)"""
         behind = [o for o in self.pipeline.outputs if self.state.read(*self._behind_marker(o)) is not None]
-        if not behind:
-            return
-        since = None if after is None else reach_from(self.pipeline, after)
-        kept = recorded_outputs(self.state, self.pipeline.name)
-        for output in behind:
-            old = kept.get(output.name)
-            kept[output.name] = Recorded(old.definition if old else self.definitions()[output.name],
-                                         (old.generation if old else 0) + 1, since)
-            log.info("%s: its streaming query missed cycles closed in batch; a new checkpoint (%s) reads from %s",
-                     output.name, checkpoint_name(output.name, kept[output.name].generation),
-                     since.isoformat() if since else "the first row")
-        save_recorded(self.state, self.pipeline.name, kept)
+        kept = dict(self._recorded)
+        if behind:
+            since = None if after is None else reach_from(self.pipeline, after)
+            for output in behind:
+                old = kept.get(output.name)
+                generation = old.generation if old else 0
+                kept[output.name] = Recorded(old.definition if old else self.definitions()[output.name],
+                                             generation + 1, since, (*(old.retired if old else ()), generation))
+                log.info("%s: its streaming query missed cycles closed in batch; a new checkpoint (%s) reads from "
+                         "%s", output.name, checkpoint_name(output.name, generation + 1),
+                         since.isoformat() if since else "the first row")
+            # Saved before any deletion: a crash in between leaves the new generation in effect and the old one
+            # listed as retired, which the next streaming cycle deletes.
+            save_recorded(self.state, self.pipeline.name, kept)
+        retired = {name: r for name, r in kept.items() if r.retired}
+        for name, record in retired.items():
+            for folder in (checkpoint_name(name, g) for g in record.retired):
+                removed = self.state.delete_folder(*pipeline_state(self.pipeline.name, folder))
+                log.info("%s: deleted the retired checkpoint %s (%d object(s))", name, folder, removed)
+            kept[name] = replace(record, retired=())
+        if retired:
+            save_recorded(self.state, self.pipeline.name, kept)
         self._recorded = kept
 
     def input_versions(self) -> dict[str, int]:
