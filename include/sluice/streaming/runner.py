@@ -232,7 +232,11 @@ class PipelineRunner:
         it is deleted, with its state store: a pipeline whose large and small cycles alternate would otherwise
         keep one checkpoint per restart. (A change's old checkpoint is kept, as SPEC 9 says.)"""
         behind = [o for o in self.pipeline.outputs if self.state.read(*self._behind_marker(o)) is not None]
-        kept = dict(self._recorded)
+        # Only this method lists generations as retired, so the records read when the run began tell whether any
+        # is left to delete; the records themselves are read again, as the cycle may have recorded definitions.
+        if not behind and not any(r.retired for r in self._recorded.values()):
+            return
+        kept = recorded_outputs(self.state, self.pipeline.name)
         if behind:
             since = None if after is None else reach_from(self.pipeline, after)
             for output in behind:
